@@ -1,0 +1,31 @@
+"""One base error and a few subclasses; every message names the problem and the fix.
+
+Errors cross process boundaries (Spark task -> driver, sidecar -> task), so they keep their message as their
+only argument and stay picklable.
+"""
+
+from __future__ import annotations
+
+
+class SparkCnnError(Exception):
+    """Base of every error spark_cnn raises on purpose."""
+
+
+class ConfigError(SparkCnnError):
+    """A job or sidecar option is wrong; raised before any work starts."""
+
+
+class InputError(SparkCnnError):
+    """The input or output location is missing, unreadable, or already there."""
+
+
+class ModelError(SparkCnnError):
+    """The model cannot be found, built, or loaded with the given weights."""
+
+
+class ImageError(SparkCnnError):
+    """One image could not be decoded or preprocessed."""
+
+
+class SidecarError(SparkCnnError):
+    """The sidecar could not be started, reached, or answered with an error."""

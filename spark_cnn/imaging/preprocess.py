@@ -1,0 +1,104 @@
+"""Decode image bytes and bring them to the model's input size, as uint8 pixels.
+
+This runs in Spark tasks, so it needs only Pillow and NumPy (no torch). The geometry follows torchvision's
+`Resize(shorter_side)` + `CenterCrop(size)` on PIL images exactly, so results match a plain torchvision pipeline.
+Scaling to [0, 1] and mean/std normalisation happen later, on the device (see `imaging.tensors`), because
+uint8 pixels are 4x smaller than float32 on the wire.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from spark_cnn.errors import ConfigError, ImageError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# torchvision's classification weights are evaluated at resize 256 / crop 224.
+DEFAULT_RESIZE = 256
+DEFAULT_CROP = 224
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """How an image becomes model input: RGB, shorter side to `resize`, centre crop `crop`, then mean/std.
+
+    >>> Preprocessing(resize=32, crop=32, mean=(0.5,) * 3, std=(0.5,) * 3).crop
+    32
+    """
+
+    resize: int = DEFAULT_RESIZE
+    crop: int = DEFAULT_CROP
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
+        object.__setattr__(self, "std", tuple(float(s) for s in self.std))
+        if self.resize < 1 or self.crop < 1:
+            raise ConfigError(f"resize and crop must be positive pixel sizes, got resize={self.resize} "
+                              f"crop={self.crop}")
+        if self.crop > self.resize:
+            raise ConfigError(f"crop ({self.crop}) must not exceed resize ({self.resize}): the centre crop is "
+                              "taken from the resized image")
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise ConfigError(f"mean and std need three values (R, G, B), got mean={self.mean} std={self.std}")
+        if min(self.std) <= 0:
+            raise ConfigError(f"std values must be positive, got {self.std}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Preprocessing:
+        return cls(**data)
+
+    @property
+    def pixel_shape(self) -> tuple[int, int, int]:
+        """Shape of one preprocessed image as sent to the sidecar: (height, width, channels), uint8."""
+        return (self.crop, self.crop, 3)
+
+
+def decode_rgb(data: bytes) -> Image.Image:
+    """Decode image bytes to an RGB PIL image, honouring EXIF orientation."""
+    if not data:
+        raise ImageError("empty file (0 bytes)")
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        return image.convert("RGB")
+    except Exception as e:  # Pillow raises many unrelated types for bad files
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+def resize_shorter_side(image: Image.Image, size: int) -> Image.Image:
+    """Resize so the shorter side is `size`, as torchvision's `Resize(size)` does (bilinear, antialiased)."""
+    width, height = image.size
+    short, long = (width, height) if width <= height else (height, width)
+    if short == size:
+        return image
+    new_short, new_long = size, int(size * long / short)
+    new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
+    return image.resize((new_w, new_h), Image.BILINEAR)
+
+
+def center_crop(image: Image.Image, size: int) -> Image.Image:
+    """Take the centre `size` x `size` square, with torchvision's rounding."""
+    width, height = image.size
+    top = int(round((height - size) / 2.0))
+    left = int(round((width - size) / 2.0))
+    return image.crop((left, top, left + size, top + size))
+
+
+def preprocess_pixels(data: bytes, prep: Preprocessing) -> np.ndarray:
+    """Image bytes -> uint8 array of shape `prep.pixel_shape` (H, W, RGB). Raises ImageError on bad input."""
+    image = center_crop(resize_shorter_side(decode_rgb(data), prep.resize), prep.crop)
+    pixels = np.asarray(image, dtype=np.uint8)
+    if pixels.shape != prep.pixel_shape:  # a guard against a mode Pillow converted unexpectedly
+        raise ImageError(f"preprocessed image has shape {pixels.shape}, expected {prep.pixel_shape}")
+    return pixels

@@ -1,0 +1,100 @@
+"""Build a torch module from a ModelSpec source and load its weights. Imports torch: driver and sidecar only.
+
+TorchScript files and `module:factory` sources run the user's code: treat them as trusted code, like any Python
+you import. State dicts are loaded with `weights_only=True`, which refuses pickled code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+import torchvision
+from torch import nn
+
+from spark_cnn.errors import ModelError
+from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.models.spec import model_kind
+
+# A module (or factory) may declare its own preprocessing as this attribute: a dict of Preprocessing fields.
+PREPROCESSING_ATTRIBUTE = "spark_cnn_preprocessing"
+
+
+def build_module(source: str, weights: str | None = None) -> nn.Module:
+    """The model named by `source`, weights loaded, in eval mode, on the CPU."""
+    kind = model_kind(source)
+    if kind == "torchscript":
+        try:
+            module = torch.jit.load(source, map_location="cpu")
+        except Exception as e:
+            raise ModelError(f"--model {source}: not a loadable TorchScript file ({type(e).__name__}: {e})") from e
+    elif kind == "factory":
+        module = _from_factory(source)
+    else:
+        module = _torchvision_model(source)
+    if weights:
+        module = _load_weights(module, source, weights)
+    return module.eval()
+
+
+def declared_preprocessing(module: nn.Module) -> Preprocessing | None:
+    declared = getattr(module, PREPROCESSING_ATTRIBUTE, None)
+    return Preprocessing.from_dict(dict(declared)) if declared else None
+
+
+def _torchvision_model(name: str, num_classes: int | None = None) -> nn.Module:
+    known = torchvision.models.list_models(module=torchvision.models)
+    if name not in known:
+        raise ModelError(f"--model {name}: unknown model; use a torchvision classification model name "
+                         f"(e.g. resnet50, mobilenet_v3_small), a TorchScript file, or module:factory")
+    extra = {} if num_classes is None else {"num_classes": num_classes}
+    if name.startswith(("inception", "googlenet")):
+        extra["aux_logits"] = False  # eval-mode outputs only; also makes random-init fast and weights smaller
+        extra["init_weights"] = False
+    return torchvision.models.get_model(name, weights=None, **extra)
+
+
+def _from_factory(source: str) -> nn.Module:
+    module_name, _, attr = source.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ModelError(f"--model {source}: cannot import {attr!r} from {module_name!r} ({e}); the module must be "
+                         f"importable on the driver and executors (e.g. spark-submit --py-files)") from e
+    module = factory()
+    if not isinstance(module, nn.Module):
+        raise ModelError(f"--model {source}: the factory returned {type(module).__name__}, expected torch.nn.Module")
+    return module
+
+
+def _load_weights(module: nn.Module, source: str, weights: str) -> nn.Module:
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ModelError(f"--weights {weights}: not a loadable state_dict ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"--weights {weights}: expected a state_dict (a dict of tensors, torch.save(model."
+                         f"state_dict(), path)), found {type(state).__name__}")
+    try:
+        module.load_state_dict(state)
+        return module
+    except RuntimeError as e:
+        first_error = e
+    # A torchvision model fine-tuned to another class count: rebuild it with the count the weights carry.
+    classes = _classifier_classes(state)
+    if model_kind(source) == "torchvision" and classes is not None:
+        rebuilt = _torchvision_model(source, num_classes=classes)
+        try:
+            rebuilt.load_state_dict(state)
+            return rebuilt
+        except RuntimeError:
+            pass
+    summary = str(first_error).strip().splitlines()
+    detail = "; ".join(line.strip() for line in summary[:3])
+    raise ModelError(f"--weights {weights} do not fit --model {source}: {detail}") from first_error
+
+
+def _classifier_classes(state: dict) -> int | None:
+    """Output count of the last 2-D weight in the state dict (the final classifier, in torchvision models)."""
+    matrices = [v for k, v in state.items() if k.endswith("weight") and v.dim() == 2]
+    return int(matrices[-1].shape[0]) if matrices else None

@@ -1,0 +1,109 @@
+"""What model to run and how its outputs are shaped. Plain data, torch-free: it travels to tasks and sidecars."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.imaging.preprocess import Preprocessing
+
+TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
+# Top-5 is the usual ImageNet report; smaller models get min(5, classes).
+DEFAULT_TOP_K = 5
+
+
+def model_kind(source: str) -> str:
+    """'torchscript' for a file, 'factory' for `module:callable`, else 'torchvision' (a model name)."""
+    if source.endswith(TORCHSCRIPT_SUFFIXES) or os.path.isfile(source):
+        return "torchscript"
+    if ":" in source:
+        return "factory"
+    return "torchvision"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the user names it.
+
+    `source` is a torchvision classification model name (`resnet50`), a TorchScript file (`model.pt`), or
+    `package.module:factory` returning an `nn.Module`. `weights` is an optional state_dict file, loaded with
+    `weights_only=True`. `preprocessing=None` means: what the model declares (attribute
+    `spark_cnn_preprocessing`), else the torchvision default.
+
+    >>> ModelSpec("mobilenet_v3_small").kind
+    'torchvision'
+    """
+
+    source: str
+    weights: str | None = None
+    preprocessing: Preprocessing | None = None
+
+    def __post_init__(self) -> None:
+        if not self.source or not self.source.strip():
+            raise ConfigError("--model is empty: give a torchvision model name, a TorchScript file or module:factory")
+        if self.weights is not None and not os.path.isfile(self.weights):
+            raise ConfigError(f"--weights {self.weights}: no such file")
+        if self.kind == "torchscript" and not os.path.isfile(self.source):
+            raise ConfigError(f"--model {self.source}: no such TorchScript file")
+
+    @property
+    def kind(self) -> str:
+        return model_kind(self.source)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A model ready to serve: the spec with files resolved, preprocessing fixed and the heads chosen.
+
+    The sidecar hosts one loaded model per `fingerprint`; every connection names the endpoint it uses.
+    `files` maps each local path in the spec to the name it was shipped under (Spark's addFile), so an executor
+    can find its own copy.
+    """
+
+    source: str
+    weights: str | None
+    preprocessing: Preprocessing
+    top_k: int
+    logits: bool = False
+    embeddings: bool = False
+    fingerprint: str = ""
+    files: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["preprocessing"] = self.preprocessing.to_dict()
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Endpoint:
+        data = json.loads(text)
+        data["preprocessing"] = Preprocessing.from_dict(data["preprocessing"])
+        return cls(**data)
+
+    def with_fingerprint(self) -> Endpoint:
+        """Fingerprint = hash of what decides the outputs: source, file contents, preprocessing and heads."""
+        digest = hashlib.sha256()
+        for part in (self.source, self.weights or "", json.dumps(self.preprocessing.to_dict(), sort_keys=True),
+                     str(self.top_k), str(self.logits), str(self.embeddings)):
+            digest.update(part.encode() + b"\0")
+        for path in (self.source, self.weights):
+            if path and os.path.isfile(path):
+                digest.update(file_sha256(path).encode())
+        return replace(self, fingerprint=digest.hexdigest()[:16])
+
+    def localised(self, resolve) -> Endpoint:
+        """The same endpoint with shipped files replaced by `resolve(shipped_name)`, e.g. SparkFiles.get."""
+        swap = {path: resolve(name) for path, name in self.files.items()}
+        return replace(self, source=swap.get(self.source, self.source),
+                       weights=swap.get(self.weights, self.weights) if self.weights else None)
+
+
+def file_sha256(path: str, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

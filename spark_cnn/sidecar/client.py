@@ -1,0 +1,134 @@
+"""Talk to a sidecar from a Spark task: handshake, then keep several requests in flight, results in order."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from spark_cnn.errors import SidecarError
+from spark_cnn.models.spec import Endpoint
+from spark_cnn.sidecar import protocol
+from spark_cnn.sidecar.protocol import Kind
+
+# A reply slower than this means the sidecar hangs; the task fails and Spark retries it.
+REPLY_TIMEOUT_S = 600.0
+# Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
+DEFAULT_MAX_IN_FLIGHT = 4
+
+
+class SidecarClient:
+    """One connection to a sidecar, bound to one endpoint (model + heads) and one job id."""
+
+    def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str,
+                 timeout_s: float = REPLY_TIMEOUT_S):
+        self.socket_path = socket_path
+        self._ids = itertools.count(1)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout_s)
+        try:
+            self._sock.connect(socket_path)
+            protocol.send_json(self._sock, Kind.HELLO, next(self._ids),
+                               {"token": token, "endpoint": endpoint.to_json(), "job": job})
+            reply = self._recv()
+        except OSError as e:
+            self._sock.close()
+            raise SidecarError(f"cannot reach the sidecar at {socket_path}: {e}") from e
+        if reply.kind != Kind.READY:
+            self._sock.close()
+            raise SidecarError(f"sidecar at {socket_path} refused the connection: {_message(reply)}")
+        self.ready = reply.json()
+
+    def submit(self, pixels: np.ndarray) -> int:
+        """Send one INFER request of (N, H, W, 3) uint8 images; returns its request id."""
+        request_id = next(self._ids)
+        protocol.send_frame(self._sock, Kind.INFER, request_id, protocol.encode_pixels(pixels))
+        return request_id
+
+    def receive(self) -> tuple[int, pa.RecordBatch | SidecarError]:
+        """The next reply: (request id, outputs) or (request id, the error the sidecar reported for it)."""
+        frame = self._recv()
+        if frame.kind == Kind.RESULT:
+            return frame.request_id, protocol.decode_outputs(frame.payload)
+        if frame.kind == Kind.ERROR:
+            error = SidecarError(f"sidecar at {self.socket_path}: {_message(frame)}")
+            if frame.request_id == protocol.CONNECTION_REQUEST_ID:
+                raise error
+            return frame.request_id, error
+        raise SidecarError(f"unexpected {frame.kind.name} reply from the sidecar at {self.socket_path}")
+
+    def stats(self, job: str) -> dict:
+        """Counters of this sidecar for `job`. Call with no request in flight."""
+        request_id = next(self._ids)
+        protocol.send_json(self._sock, Kind.STATS, request_id, {"job": job})
+        frame = self._recv()
+        if frame.kind != Kind.STATS_REPLY:
+            raise SidecarError(f"expected STATS_REPLY, got {frame.kind.name}: {_message(frame)}")
+        return frame.json()
+
+    def _recv(self) -> protocol.Frame:
+        try:
+            return protocol.recv_frame(self._sock)
+        except TimeoutError as e:
+            raise SidecarError(f"the sidecar at {self.socket_path} did not answer within "
+                               f"{self._sock.gettimeout():.0f} s") from e
+        except protocol.ConnectionClosed as e:
+            raise SidecarError(f"the sidecar at {self.socket_path} closed the connection (did it exit? see its "
+                               f".log beside the socket)") from e
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> SidecarClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | None]],
+                max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Iterator[tuple[Any, Any]]:
+    """Send each item's pixels with up to `max_in_flight` requests outstanding; yield (key, reply) in order.
+
+    The reply is a RecordBatch of outputs or a SidecarError for that request. Items with `None` pixels carry
+    no work and pass through in order with a `None` reply (markers, e.g. the end of a Spark batch). `items` is
+    pulled lazily, so producing the next item (decoding) overlaps with the sidecar's work on earlier ones.
+    """
+    pending: deque[tuple[Any, int | None]] = deque()
+    replies: dict[int, Any] = {}
+    in_flight = 0
+
+    def drain_ready_head() -> Iterator[tuple[Any, Any]]:
+        while pending and (pending[0][1] is None or pending[0][1] in replies):
+            key, request_id = pending.popleft()
+            yield key, None if request_id is None else replies.pop(request_id)
+
+    for key, pixels in items:
+        if pixels is None:
+            pending.append((key, None))
+        else:
+            while in_flight >= max_in_flight:
+                request_id, reply = client.receive()
+                replies[request_id] = reply
+                in_flight -= 1
+            pending.append((key, client.submit(pixels)))
+            in_flight += 1
+        yield from drain_ready_head()
+    while in_flight:
+        request_id, reply = client.receive()
+        replies[request_id] = reply
+        in_flight -= 1
+        yield from drain_ready_head()
+    yield from drain_ready_head()
+
+
+def _message(frame: protocol.Frame) -> str:
+    try:
+        return str(frame.json().get("message", frame.json()))
+    except ValueError:
+        return f"<{frame.kind.name} message>"

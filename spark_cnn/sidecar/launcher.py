@@ -1,0 +1,184 @@
+"""Find or start this executor's sidecar. Runs inside Spark tasks: no torch here.
+
+All sidecar files live in one runtime directory owned by the user, mode 0700: `<name>.sock` (the socket),
+`<name>.json` (pid, device, token; 0600), `<name>.lock` (decides which task starts it) and `<name>.log`.
+`<name>` is derived from (application, executor JVM, device), so the tasks of one executor share a sidecar and
+different executors, applications and devices never do.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from spark_cnn.errors import SidecarError
+from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
+
+RUNTIME_DIR_ENV = "SPARK_CNN_RUNTIME_DIR"
+# Importing torch and loading a large model on a busy host can take a minute; beyond three something is wrong.
+START_TIMEOUT_S = 180.0
+POLL_INTERVAL_S = 0.05
+# A sidecar with no client for this long exits: long enough to stay warm between the jobs of a notebook
+# session, short enough not to hold a device for long after an application ends without killing its executors.
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class SidecarInfo:
+    """What a running sidecar published about itself in its info file."""
+
+    pid: int
+    socket: str
+    token: str
+    device: str
+    host: str
+    app_id: str
+    executor: str
+    batch_size: int
+
+    @classmethod
+    def read(cls, path: str) -> SidecarInfo | None:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    app_id: str
+    device: str = "auto"
+    batch_size: int | None = None
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+
+
+def runtime_dir() -> str:
+    """The user's private directory for sidecar sockets and files, created 0700 if missing."""
+    path = os.environ.get(RUNTIME_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"spark_cnn-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if st.st_uid != os.getuid():
+        raise SidecarError(f"sidecar directory {path} belongs to uid {st.st_uid}, not to this user; "
+                           f"remove it or set {RUNTIME_DIR_ENV} to a private directory")
+    if st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def sidecar_name(app_id: str, executor: ExecutorProcess, device: str) -> str:
+    key = f"{app_id}|{executor.process.pid}|{executor.process.start_time}|{device}"
+    return "sc-" + hashlib.sha1(key.encode()).hexdigest()[:16]  # short: Unix socket paths max ~107 bytes
+
+
+def _live(info: SidecarInfo | None) -> bool:
+    return info is not None and is_alive(ProcessId(info.pid, 0)) and os.path.exists(info.socket)
+
+
+def ensure_sidecar(options: LaunchOptions, executor: ExecutorProcess | None = None) -> SidecarInfo:
+    """The running sidecar of this task's executor, started first if needed (one starter, chosen by a lock)."""
+    executor = executor or find_executor_jvm()
+    base = os.path.join(runtime_dir(), sidecar_name(options.app_id, executor, options.device))
+    info = SidecarInfo.read(base + ".json")
+    if _live(info):
+        return info
+    with _file_lock(base + ".lock", START_TIMEOUT_S):
+        info = SidecarInfo.read(base + ".json")  # another task may have started it while we waited
+        if _live(info):
+            return info
+        return _start(base, options, executor)
+
+
+@contextmanager
+def _file_lock(path: str, timeout_s: float):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise SidecarError(f"waited {timeout_s:.0f} s for the sidecar start lock {path}") from None
+                time.sleep(POLL_INTERVAL_S)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _start(base: str, options: LaunchOptions, executor: ExecutorProcess) -> SidecarInfo:
+    for stale in (base + ".json", base + ".sock"):
+        if os.path.exists(stale):
+            os.unlink(stale)
+    cmd = [sys.executable, "-m", "spark_cnn.sidecar", "--socket", base + ".sock", "--info", base + ".json",
+           "--device", options.device, "--batch-size", str(options.batch_size or "auto"),
+           "--idle-timeout", str(options.idle_timeout_s), "--watch-pid", str(executor.process.pid),
+           "--watch-start-time", str(executor.process.start_time), "--app-id", options.app_id,
+           "--executor-id", executor.executor_id]
+    with open(base + ".log", "ab") as log_file:
+        # A new session: the sidecar outlives the Python worker that started it, and signals to the worker's
+        # process group do not reach it. It ends with its executor (watched pid) or when idle.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    threading.Thread(target=proc.wait, name="sidecar-reaper", daemon=True).start()  # no zombie if it exits first
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        info = SidecarInfo.read(base + ".json")
+        if info is not None and info.pid == proc.pid:
+            return info
+        if proc.poll() is not None:
+            raise SidecarError(f"the sidecar exited with code {proc.returncode} while starting; "
+                               f"its log {base}.log ends with: {_tail(base + '.log')}")
+        time.sleep(POLL_INTERVAL_S)
+    proc.kill()
+    raise SidecarError(f"the sidecar did not start within {START_TIMEOUT_S:.0f} s; see {base}.log")
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return " | ".join(line.strip() for line in f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def find_sidecars(app_id: str | None = None) -> list[SidecarInfo]:
+    """Sidecars on this host (of one application, if given) whose process is still alive."""
+    found = []
+    directory = runtime_dir()
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".json"):
+            info = SidecarInfo.read(os.path.join(directory, name))
+            if _live(info) and (app_id is None or info.app_id == app_id):
+                found.append(info)
+    return found
+
+
+def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:
+    """SIGTERM this host's sidecars of `app_id` and wait for them to exit. Returns how many were stopped."""
+    targets = []
+    for info in find_sidecars(app_id):
+        args = " ".join(cmdline(info.pid))
+        if "spark_cnn.sidecar" in args:  # never signal a process that merely reused the pid
+            os.kill(info.pid, signal.SIGTERM)
+            targets.append(info.pid)
+    stopped = len(targets)
+    deadline = time.monotonic() + timeout_s
+    while targets and time.monotonic() < deadline:
+        targets = [pid for pid in targets if is_alive(ProcessId(pid, 0))]
+        time.sleep(POLL_INTERVAL_S)
+    for pid in targets:
+        os.kill(pid, signal.SIGKILL)
+    return stopped

@@ -1,0 +1,145 @@
+"""The wire protocol between Spark tasks and the sidecar: framed messages over a Unix stream socket.
+
+Every message is a fixed header (kind, request id, payload length) and a payload. Control messages carry JSON;
+INFER and RESULT carry one Arrow IPC stream holding one record batch, so pixels and outputs cross the socket
+without per-value serialisation. A connection starts with HELLO (token + endpoint) and READY; then the client
+may keep several INFER requests in flight, each answered by a RESULT or an ERROR with the same request id.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import pyarrow as pa
+
+from spark_cnn.errors import SidecarError
+
+
+class Kind(IntEnum):
+    HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job"}
+    READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size"}
+    INFER = 3        # client -> sidecar, Arrow: column "pixels", one fixed-size uint8 HxWx3 image per row
+    RESULT = 4       # sidecar -> client, Arrow: one output row per input row, same order
+    ERROR = 5        # sidecar -> client, JSON: {"message"}; request id 0 means the whole connection failed
+    STATS = 6        # client -> sidecar, JSON: {"job"}
+    STATS_REPLY = 7  # sidecar -> client, JSON: sidecar identity and counters for that job
+
+
+HEADER = struct.Struct("!BQQ")  # kind, request id, payload length
+# Requests are at most a few hundred images of a few hundred KB; anything far above is a broken peer.
+MAX_PAYLOAD_BYTES = 1 << 30
+PIXELS_COLUMN = "pixels"
+CONNECTION_REQUEST_ID = 0
+
+
+@dataclass(frozen=True)
+class Frame:
+    kind: Kind
+    request_id: int
+    payload: bytes | memoryview
+
+    def json(self) -> dict:
+        return json.loads(bytes(self.payload).decode("utf-8"))
+
+
+class ConnectionClosed(SidecarError):
+    """The peer closed the socket (cleanly or not)."""
+
+
+def send_frame(sock: socket.socket, kind: Kind, request_id: int, payload=b"") -> None:
+    view = memoryview(payload)
+    sock.sendall(HEADER.pack(int(kind), request_id, view.nbytes))
+    if view.nbytes:
+        sock.sendall(view)
+
+
+def send_json(sock: socket.socket, kind: Kind, request_id: int, data: dict) -> None:
+    send_frame(sock, kind, request_id, json.dumps(data).encode("utf-8"))
+
+
+def recv_frame(sock: socket.socket) -> Frame:
+    kind, request_id, length = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    if length > MAX_PAYLOAD_BYTES:
+        raise SidecarError(f"message of {length} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    try:
+        kind = Kind(kind)
+    except ValueError as e:
+        raise SidecarError(f"unknown message kind {kind}") from e
+    return Frame(kind, request_id, _recv_exact(sock, length) if length else b"")
+
+
+def _recv_exact(sock: socket.socket, size: int) -> memoryview:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise ConnectionClosed("the peer closed the connection")
+        got += n
+    return view
+
+
+# --- Arrow payloads -------------------------------------------------------------------------------------------
+
+def _to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _from_ipc(payload) -> pa.RecordBatch:
+    reader = pa.ipc.open_stream(pa.py_buffer(payload))
+    batches = list(reader)
+    if len(batches) != 1:
+        raise SidecarError(f"expected one record batch per message, got {len(batches)}")
+    return batches[0]
+
+
+def encode_pixels(pixels: np.ndarray) -> pa.Buffer:
+    """(N, H, W, 3) uint8 -> Arrow IPC payload, zero-copy from the array."""
+    pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
+    n, row_bytes = pixels.shape[0], int(np.prod(pixels.shape[1:]))
+    column = pa.FixedSizeBinaryArray.from_buffers(pa.binary(row_bytes), n, [None, pa.py_buffer(pixels)])
+    meta = {b"shape": json.dumps(list(pixels.shape[1:])).encode()}
+    schema = pa.schema([pa.field(PIXELS_COLUMN, column.type)], metadata=meta)
+    return _to_ipc(pa.RecordBatch.from_arrays([column], schema=schema))
+
+
+def decode_pixels(payload) -> np.ndarray:
+    """Arrow IPC payload -> (N, H, W, 3) uint8 array, viewing the received bytes without copying."""
+    batch = _from_ipc(payload)
+    if batch.schema.names != [PIXELS_COLUMN] or not pa.types.is_fixed_size_binary(batch.schema.types[0]):
+        raise SidecarError(f"INFER payload must have one fixed-size binary column {PIXELS_COLUMN!r}, "
+                           f"got {batch.schema}")
+    shape = tuple(json.loads((batch.schema.metadata or {}).get(b"shape", b"null")) or ())
+    column = batch.column(0)
+    row_bytes = column.type.byte_width
+    if len(shape) != 3 or shape[2] != 3 or int(np.prod(shape)) != row_bytes:
+        raise SidecarError(f"INFER payload shape metadata {shape} does not match rows of {row_bytes} bytes")
+    flat = np.frombuffer(column.buffers()[1], dtype=np.uint8, count=len(column) * row_bytes,
+                         offset=column.offset * row_bytes)
+    return flat.reshape((len(column), *shape))
+
+
+def encode_outputs(outputs: dict[str, np.ndarray]) -> pa.Buffer:
+    """Per-row model outputs (1-D scalars or 2-D vectors per row) -> Arrow IPC payload."""
+    arrays, names = [], []
+    for name, values in outputs.items():
+        values = np.ascontiguousarray(values)
+        if values.ndim == 1:
+            arrays.append(pa.array(values))
+        else:
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]))
+        names.append(name)
+    return _to_ipc(pa.RecordBatch.from_arrays(arrays, names=names))
+
+
+def decode_outputs(payload) -> pa.RecordBatch:
+    return _from_ipc(payload)

@@ -1,0 +1,1 @@
+"""Spark glue: the session, the mapInArrow task function, sources/sinks and the jobs built from them."""

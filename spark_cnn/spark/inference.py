@@ -1,0 +1,183 @@
+"""The Spark task side of inference: a mapInArrow function that streams a partition through the sidecar.
+
+Each task decodes its images to uint8 pixels (Spark runs tasks in parallel processes, so decoding scales with
+cores), sends them to its executor's sidecar in requests of a few rows with several in flight, and turns the
+replies into output rows: one row per input row, in input order, with `error` set where an image failed.
+No torch here: tasks stay light.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from pyspark import TaskContext
+
+from spark_cnn.errors import ImageError, SidecarError
+from spark_cnn.imaging.preprocess import preprocess_pixels
+from spark_cnn.models.spec import Endpoint
+from spark_cnn.sidecar.client import SidecarClient, map_ordered
+from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
+from spark_cnn.spark.stats import sidecar_key
+
+INPUT_COLUMNS = ("path", "content")
+TOPK_TYPE = pa.list_(pa.struct([("label", pa.int32()), ("score", pa.float32())]))
+VECTOR_TYPE = pa.list_(pa.float32())
+
+
+def output_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
+    """The classify output columns (DESIGN.md): path, label, label_name, score, topk, error [, logits, embedding]."""
+    fields = [("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
+              ("score", pa.float32()), ("topk", TOPK_TYPE), ("error", pa.string())]
+    if logits:
+        fields.append(("logits", VECTOR_TYPE))
+    if embeddings:
+        fields.append(("embedding", VECTOR_TYPE))
+    return pa.schema(fields)
+
+
+def spark_ddl(*, logits: bool = False, embeddings: bool = False) -> str:
+    """The same schema as a Spark DDL string, for mapInArrow."""
+    ddl = ("path string, label int, label_name string, score float, "
+           "topk array<struct<label:int,score:float>>, error string")
+    if logits:
+        ddl += ", logits array<float>"
+    if embeddings:
+        ddl += ", embedding array<float>"
+    return ddl
+
+
+@dataclass(frozen=True)
+class InferencePlan:
+    """What every task needs, fixed on the driver and shipped in the closure."""
+
+    endpoint: Endpoint
+    launch: LaunchOptions
+    job_id: str
+    on_error: str = "record"
+    label_names: tuple[str, ...] | None = None
+    request_rows: int = 16
+    max_in_flight: int = 4
+
+
+@dataclass
+class _BatchState:
+    """One input record batch on its way through the sidecar."""
+
+    paths: list[str]
+    errors: list[str | None]
+    results: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
+
+
+class PartitionInference:
+    """Callable for `DataFrame.mapInArrow`: Iterator[RecordBatch(path, content)] -> Iterator[output batches]."""
+
+    def __init__(self, plan: InferencePlan, stats_accumulator=None):
+        self.plan = plan
+        self.stats = stats_accumulator
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        items = self._work_items(batches)
+        first = next(items, None)
+        if first is None:
+            return  # an empty partition never starts a sidecar
+        plan = self.plan
+        endpoint = plan.endpoint.localised(_shipped_file)
+        info = ensure_sidecar(_with_task_device(plan.launch))
+        with SidecarClient(info.socket, info.token, endpoint, plan.job_id) as client:
+            for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
+                if rows is None:
+                    yield self._assemble(state)
+                elif isinstance(reply, SidecarError):
+                    if plan.on_error == "fail":
+                        raise SidecarError(f"{state.paths[rows[0]]} (and {len(rows) - 1} more): {reply}")
+                    for row in rows:
+                        state.errors[row] = str(reply)
+                else:
+                    state.results.append((rows, reply))
+            if self.stats is not None:
+                snapshot = client.stats(plan.job_id)
+                self.stats.add({sidecar_key(snapshot): snapshot})
+
+    def _work_items(self, batches: Iterator[pa.RecordBatch]):
+        """(state, rows), pixels per request; then (state, None), None to mark the end of each input batch."""
+        prep = self.plan.endpoint.preprocessing
+        for batch in batches:
+            paths = batch.column(INPUT_COLUMNS[0]).to_pylist()
+            contents = batch.column(INPUT_COLUMNS[1])
+            state = _BatchState(paths, [None] * len(paths))
+            rows: list[int] = []
+            pixels: list[np.ndarray] = []
+            for i, path in enumerate(paths):
+                try:
+                    pixels.append(preprocess_pixels(contents[i].as_py(), prep))
+                except ImageError as e:
+                    if self.plan.on_error == "fail":
+                        raise ImageError(f"{path}: {e}") from e
+                    state.errors[i] = str(e)
+                    continue
+                rows.append(i)
+                if len(rows) == self.plan.request_rows:
+                    yield (state, rows), np.stack(pixels)
+                    rows, pixels = [], []
+            if rows:
+                yield (state, rows), np.stack(pixels)
+            yield (state, None), None
+
+    def _assemble(self, state: _BatchState) -> pa.RecordBatch:
+        n = len(state.paths)
+        schema = output_schema(logits=self.plan.endpoint.logits, embeddings=self.plan.endpoint.embeddings)
+        take = [None] * n  # row -> position among rows that have model outputs
+        for position, row in enumerate(row for rows, _ in state.results for row in rows):
+            take[row] = position
+        if state.results:
+            ok = pa.Table.from_batches([reply for _, reply in state.results]).combine_chunks()
+            ok_columns = self._ok_columns(ok)
+            indices = pa.array(take, pa.int32())
+            columns = {name: values.take(indices) for name, values in ok_columns.items()}
+        else:
+            columns = {name: pa.nulls(n, schema.field(name).type)
+                       for name in schema.names if name not in ("path", "error")}
+        columns["path"] = pa.array(state.paths, pa.string())
+        columns["error"] = pa.array(state.errors, pa.string())
+        out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+        if out.num_rows != n:  # the contract: exactly one output row per input row
+            raise SidecarError(f"assembled {out.num_rows} rows for {n} inputs")
+        return out
+
+    def _ok_columns(self, ok: pa.Table) -> dict[str, pa.Array]:
+        m, k = ok.num_rows, self.plan.endpoint.top_k
+        labels = ok.column("label").chunk(0)
+        columns = {"label": labels, "score": ok.column("score").chunk(0)}
+        names = self.plan.label_names
+        columns["label_name"] = (pa.array([names[i] for i in labels.to_numpy()], pa.string()) if names
+                                 else pa.nulls(m, pa.string()))
+        pairs = pa.StructArray.from_arrays([ok.column("topk_label").chunk(0).flatten(),
+                                            ok.column("topk_score").chunk(0).flatten()], names=["label", "score"])
+        columns["topk"] = pa.ListArray.from_arrays(pa.array(np.arange(0, (m + 1) * k, k, dtype=np.int32)), pairs,
+                                                   type=TOPK_TYPE)
+        for optional in ("logits", "embedding"):
+            if optional in ok.column_names:
+                fixed = ok.column(optional).chunk(0)
+                width = fixed.type.list_size
+                columns[optional] = pa.ListArray.from_arrays(
+                    pa.array(np.arange(0, (m + 1) * width, width, dtype=np.int32)), fixed.flatten(), type=VECTOR_TYPE)
+        return columns
+
+
+def _shipped_file(name: str) -> str:
+    from pyspark import SparkFiles
+    return SparkFiles.get(name)
+
+
+def _with_task_device(launch: LaunchOptions) -> LaunchOptions:
+    """Use the GPU Spark's resource scheduling gave this task, when it gave one and the job allows CUDA."""
+    context = TaskContext.get()
+    gpus = context.resources().get("gpu") if context is not None else None
+    if gpus is None or not gpus.addresses or launch.device == "cpu":
+        return launch
+    from dataclasses import replace
+    return replace(launch, device=f"cuda:{gpus.addresses[0]}")
