@@ -20,7 +20,6 @@ def parse_args(argv: list[str]) -> SidecarSettings:
     parser.add_argument("--socket", required=True, help="Unix socket path to listen on")
     parser.add_argument("--info", required=True, help="where to write pid, socket, device and token (0600)")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--batch-size", default="auto", help="rows per device batch, or auto")
     parser.add_argument("--idle-timeout", type=float, default=DEFAULT_IDLE_TIMEOUT_S, help="seconds")
     parser.add_argument("--watch-pid", type=int, help="exit when this process ends (the executor JVM)")
     parser.add_argument("--watch-start-time", type=int, default=0, help="its start time, against pid reuse")
@@ -29,7 +28,6 @@ def parse_args(argv: list[str]) -> SidecarSettings:
     args = parser.parse_args(argv)
     return SidecarSettings(
         socket_path=args.socket, info_path=args.info, device=args.device,
-        batch_size=None if args.batch_size == "auto" else int(args.batch_size),
         idle_timeout_s=args.idle_timeout,
         watch=ProcessId(args.watch_pid, args.watch_start_time) if args.watch_pid else None,
         app_id=args.app_id, executor_id=args.executor_id)

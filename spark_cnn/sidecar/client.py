@@ -23,10 +23,11 @@ DEFAULT_MAX_IN_FLIGHT = 4
 
 
 class SidecarClient:
-    """One connection to a sidecar, bound to one endpoint (model + heads) and one job id."""
+    """One connection to a sidecar, bound to one endpoint (model + heads), one job id and a batch size
+    (None: the sidecar's choice for its device)."""
 
-    def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str,
-                 timeout_s: float = REPLY_TIMEOUT_S):
+    def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
+                 batch_size: int | None = None, timeout_s: float = REPLY_TIMEOUT_S):
         self.socket_path = socket_path
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -34,7 +35,8 @@ class SidecarClient:
         try:
             self._sock.connect(socket_path)
             protocol.send_json(self._sock, Kind.HELLO, next(self._ids),
-                               {"token": token, "endpoint": endpoint.to_json(), "job": job})
+                               {"token": token, "endpoint": endpoint.to_json(), "job": job,
+                                "batch_size": batch_size})
             reply = self._recv()
         except OSError as e:
             self._sock.close()

@@ -44,7 +44,6 @@ class SidecarInfo:
     host: str
     app_id: str
     executor: str
-    batch_size: int
 
     @classmethod
     def read(cls, path: str) -> SidecarInfo | None:
@@ -60,7 +59,6 @@ class SidecarInfo:
 class LaunchOptions:
     app_id: str
     device: str = "auto"
-    batch_size: int | None = None
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
 
 
@@ -123,10 +121,9 @@ def _start(base: str, options: LaunchOptions, executor: ExecutorProcess) -> Side
         if os.path.exists(stale):
             os.unlink(stale)
     cmd = [sys.executable, "-m", "spark_cnn.sidecar", "--socket", base + ".sock", "--info", base + ".json",
-           "--device", options.device, "--batch-size", str(options.batch_size or "auto"),
-           "--idle-timeout", str(options.idle_timeout_s), "--watch-pid", str(executor.process.pid),
-           "--watch-start-time", str(executor.process.start_time), "--app-id", options.app_id,
-           "--executor-id", executor.executor_id]
+           "--device", options.device, "--idle-timeout", str(options.idle_timeout_s),
+           "--watch-pid", str(executor.process.pid), "--watch-start-time", str(executor.process.start_time),
+           "--app-id", options.app_id, "--executor-id", executor.executor_id]
     with open(base + ".log", "ab") as log_file:
         # A new session: the sidecar outlives the Python worker that started it, and signals to the worker's
         # process group do not reach it. It ends with its executor (watched pid) or when idle.

@@ -21,7 +21,7 @@ from spark_cnn.errors import SidecarError
 
 
 class Kind(IntEnum):
-    HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job"}
+    HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job", "batch_size" (null: auto)}
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size"}
     INFER = 3        # client -> sidecar, Arrow: column "pixels", one fixed-size uint8 HxWx3 image per row
     RESULT = 4       # sidecar -> client, Arrow: one output row per input row, same order

@@ -49,7 +49,6 @@ class SidecarSettings:
     socket_path: str
     info_path: str
     device: str = "auto"
-    batch_size: int | None = None  # None: AUTO_BATCH_ROWS for the device
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     watch: ProcessId | None = None  # exit when this process (the executor JVM) is gone
     app_id: str = ""
@@ -61,8 +60,16 @@ class JobStats:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._jobs: dict[str, dict] = defaultdict(lambda: {"requests": 0, "images": 0, "batches": 0,
-                                                             "batch_rows": 0, "errors": 0, "device_s": 0.0})
+        self._jobs: dict[str, dict] = defaultdict(self._zero)
+
+    @staticmethod
+    def _zero() -> dict:
+        return {"batch_size": None, "requests": 0, "images": 0, "batches": 0, "batch_rows": 0, "errors": 0,
+                "device_s": 0.0}
+
+    def start(self, job: str, batch_rows: int) -> None:
+        with self._lock:
+            self._jobs[job]["batch_size"] = batch_rows
 
     def request(self, job: str, rows: int) -> None:
         with self._lock:
@@ -83,8 +90,7 @@ class JobStats:
 
     def snapshot(self, job: str) -> dict:
         with self._lock:
-            counters = dict(self._jobs.get(job, {"requests": 0, "images": 0, "batches": 0, "batch_rows": 0,
-                                                 "errors": 0, "device_s": 0.0}))
+            counters = dict(self._jobs.get(job) or self._zero())
         batches = counters.pop("batch_rows"), counters["batches"]
         counters["mean_batch_size"] = round(batches[0] / batches[1], 2) if batches[1] else 0.0
         counters["device_s"] = round(counters["device_s"], 3)
@@ -206,10 +212,12 @@ class Connection:
         if not secrets.compare_digest(str(hello.get("token", "")), self.server.token):
             log.warning("refused a client with a wrong token")
             raise SidecarError("refused: wrong sidecar token")
-        service = self.server.service_for(Endpoint.from_json(hello["endpoint"]))
+        job = str(hello.get("job", ""))
+        service = self.server.service_for(Endpoint.from_json(hello["endpoint"]), hello.get("batch_size"))
+        self.server.stats.start(job, service.queue.target_rows)
         self.send_json(Kind.READY, frame.request_id, {"pid": os.getpid(), "device": str(self.server.device),
                                                       "batch_size": service.queue.target_rows})
-        return service, str(hello.get("job", ""))
+        return service, job
 
     def _infer(self, service: ModelService, job: str, frame: protocol.Frame) -> None:
         try:
@@ -234,32 +242,35 @@ class SidecarServer:
         self.token = secrets.token_hex(16)
         self.stats = JobStats()
         self._registry = ModelRegistry(self.device)
-        self._services: dict[str, ModelService] = {}
+        self._services: dict[tuple[str, int], ModelService] = {}
         self._services_lock = threading.Lock()
         self._connections = 0
         self._last_activity = time.monotonic()
         self._activity_lock = threading.Lock()
         self._stop = threading.Event()
-        self._batch_rows = settings.batch_size or AUTO_BATCH_ROWS.get(self.device.type, AUTO_BATCH_ROWS["cpu"])
+        self.auto_batch_rows = AUTO_BATCH_ROWS.get(self.device.type, AUTO_BATCH_ROWS["cpu"])
 
     # --- used by connections ---
 
-    def service_for(self, endpoint: Endpoint) -> ModelService:
+    def service_for(self, endpoint: Endpoint, batch_size: int | None = None) -> ModelService:
+        """The queue and device thread for this model at this batch size (the model itself is loaded once)."""
+        rows = int(batch_size) if batch_size else self.auto_batch_rows
+        if rows < 1:
+            raise SidecarError(f"batch size must be positive, got {rows}")
         with self._services_lock:
-            service = self._services.get(endpoint.fingerprint)
+            service = self._services.get((endpoint.fingerprint, rows))
             if service is None:
                 started = time.perf_counter()
-                runner, _ = self._registry.get(endpoint)
-                service = ModelService(runner, self._batch_rows, self.stats)
-                self._services[endpoint.fingerprint] = service
-                log.info("loaded %s (%s) on %s in %.1f s, batch size %d", endpoint.source, endpoint.fingerprint,
-                         self.device, time.perf_counter() - started, self._batch_rows)
+                runner, loaded = self._registry.get(endpoint)
+                service = ModelService(runner, rows, self.stats)
+                self._services[(endpoint.fingerprint, rows)] = service
+                log.info("%s %s (%s) on %s in %.1f s, batch size %d", "loaded" if loaded else "serving",
+                         endpoint.source, endpoint.fingerprint, self.device, time.perf_counter() - started, rows)
             return service
 
     def describe(self, job: str) -> dict:
         return {"host": socket.gethostname(), "executor": self.settings.executor_id, "pid": os.getpid(),
-                "device": str(self.device), "socket": self.settings.socket_path, "batch_size": self._batch_rows,
-                **self.stats.snapshot(job)}
+                "device": str(self.device), "socket": self.settings.socket_path, **self.stats.snapshot(job)}
 
     def touch(self) -> None:
         with self._activity_lock:
@@ -319,7 +330,7 @@ class SidecarServer:
     def _write_info(self) -> None:
         info = {"pid": os.getpid(), "socket": self.settings.socket_path, "token": self.token,
                 "device": str(self.device), "host": socket.gethostname(), "app_id": self.settings.app_id,
-                "executor": self.settings.executor_id, "batch_size": self._batch_rows}
+                "executor": self.settings.executor_id}
         tmp = f"{self.settings.info_path}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

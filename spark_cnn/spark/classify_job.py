@@ -12,7 +12,7 @@ import re
 import time
 import uuid
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
@@ -20,6 +20,7 @@ from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError, Si
 from spark_cnn.sidecar.launcher import LaunchOptions, stop_sidecars
 from spark_cnn.spark.inference import InferencePlan, PartitionInference, spark_ddl
 from spark_cnn.spark.session import spark_session
+from spark_cnn.spark.sources import read_images
 from spark_cnn.spark.stats import SidecarStatsParam
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 
@@ -40,12 +41,6 @@ def read_labels(path: str | None) -> tuple[str, ...] | None:
     if not names:
         raise InputError(f"--labels {path}: the file has no class names (expected one per line)")
     return names
-
-
-def read_images(spark: SparkSession, input_uri: str) -> DataFrame:
-    """Every file under `input_uri`, recursively, as (path, content). Hidden and `_` files are skipped."""
-    return (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(input_uri)
-            .select("path", "content"))
 
 
 def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
@@ -76,9 +71,8 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
         job_id = uuid.uuid4().hex[:12]
         plan = InferencePlan(
             endpoint=resolved.endpoint,
-            launch=LaunchOptions(app_id=app_id, device=config.device, batch_size=config.batch_size,
-                                 idle_timeout_s=config.idle_timeout_s),
-            job_id=job_id, on_error=config.on_error, label_names=labels,
+            launch=LaunchOptions(app_id=app_id, device=config.device, idle_timeout_s=config.idle_timeout_s),
+            job_id=job_id, batch_size=config.batch_size, on_error=config.on_error, label_names=labels,
             request_rows=config.request_rows, max_in_flight=config.max_in_flight)
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
         outputs = read_images(spark, input_uri).mapInArrow(

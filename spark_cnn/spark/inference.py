@@ -57,6 +57,7 @@ class InferencePlan:
     endpoint: Endpoint
     launch: LaunchOptions
     job_id: str
+    batch_size: int | None = None
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
     request_rows: int = 16
@@ -87,7 +88,7 @@ class PartitionInference:
         plan = self.plan
         endpoint = plan.endpoint.localised(_shipped_file)
         info = ensure_sidecar(_with_task_device(plan.launch))
-        with SidecarClient(info.socket, info.token, endpoint, plan.job_id) as client:
+        with SidecarClient(info.socket, info.token, endpoint, plan.job_id, batch_size=plan.batch_size) as client:
             for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
                 if rows is None:
                     yield self._assemble(state)

@@ -1,0 +1,45 @@
+"""Fixtures shared by every test layer: the demo assets and saved model weights, made once per session."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_assets():
+    """The demo's digits folder, labels and trained weights, made once (as `make run` does)."""
+    from spark_cnn.models.demo import prepare_demo
+
+    workdir = tempfile.mkdtemp(prefix="spark_cnn_demo_")
+    try:
+        yield prepare_demo(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def mobilenet_weights(tmp_path_factory) -> str:
+    """A random mobilenet_v3_small, saved as a state_dict (weights cannot be downloaded here).
+
+    At torchvision's initialisation its logits are ~1e-10 and all alike; random batch-norm statistics and a
+    larger classifier make outputs differ between images and classes, so comparisons mean something.
+    """
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.normal_(0, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0, 0.1)
+        model.classifier[-1].weight.normal_(0, 0.1)
+    path = str(tmp_path_factory.mktemp("weights") / "mobilenet_v3_small.pt")
+    torch.save(model.state_dict(), path)
+    return path
