@@ -1,0 +1,122 @@
+"""The jobs as users run them: the demo (`make run`), spark-submit, local-cluster with one sidecar per executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from spark_cnn.sidecar.procs import ProcessId, cmdline, is_alive
+from tests.e2e.conftest import run_command
+from tests.images import broken_files, write_files
+
+pytestmark = pytest.mark.e2e
+
+
+def _sidecars_of(app_id: str) -> list[int]:
+    """Live sidecar processes of one application on this host, found the way an operator would (ps)."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        args = cmdline(pid)
+        if ("spark_cnn.sidecar" in args and app_id in args and is_alive(ProcessId(pid, 0))):
+            found.append(pid)
+    return found
+
+
+def _wait_until_gone(app_id: str, timeout_s: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _sidecars_of(app_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _subset(demo_assets, root: str, per_class: int) -> str:
+    """The first `per_class` digits of each class, copied into an ImageFolder tree under `root`."""
+    for label in sorted(os.listdir(demo_assets.images)):
+        os.makedirs(os.path.join(root, label))
+        for name in sorted(os.listdir(os.path.join(demo_assets.images, label)))[:per_class]:
+            shutil.copy(os.path.join(demo_assets.images, label, name), os.path.join(root, label, name))
+    return root
+
+
+def test_demo_prints_the_report_and_reaches_accuracy(spark_cnn, demo_assets, tmp_path):
+    summary_path = tmp_path / "summary.json"
+    result = spark_cnn("demo", "--workdir", os.path.dirname(demo_assets.images), "--output", str(tmp_path / "out"),
+                       "--summary", str(summary_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = dict(line.split(None, 1) for line in result.stdout.splitlines() if re.match(r"^[a-z]", line)
+                  and "  " in line and not line.startswith("trained"))
+    assert report["images"].strip() == "1797" and report["errors"].strip() == "0"
+    assert float(report["accuracy"]) >= 0.95
+    assert report["output"].strip().endswith(str(tmp_path / "out"))
+    summary = json.loads(summary_path.read_text())
+    assert summary["images_per_s"] > 0 and summary["batch_size"] == 8
+    assert _wait_until_gone(summary["app_id"]) == [], "a sidecar outlived the demo"
+
+
+def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, demo_assets, tmp_path):
+    folder = _subset(demo_assets, str(tmp_path / "in"), per_class=30)
+    write_files(folder, broken_files())
+    summary_path = tmp_path / "summary.json"
+    result = spark_cnn("classify", folder, str(tmp_path / "out"), "--model", "spark_cnn.models.demo:digits_cnn",
+                       "--weights", demo_assets.weights, "--labels", demo_assets.labels,
+                       "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == ""  # --quiet
+
+    summary = json.loads(summary_path.read_text())
+    assert summary["images"] == 303 and summary["errors"] == 3 and summary["accuracy"] >= 0.95
+    sidecars = summary["sidecars"]
+    assert len(sidecars) == 2, sidecars
+    assert sorted(s["executor"] for s in sidecars) == ["0", "1"]
+    assert len({s["pid"] for s in sidecars}) == 2
+    assert sum(s["images"] for s in sidecars) == 300  # the three broken files never reach a sidecar
+    assert _wait_until_gone(summary["app_id"]) == [], "a sidecar outlived its executor"
+
+    rows = pq.read_table(str(tmp_path / "out")).to_pylist()
+    assert len(rows) == 303 and len({r["path"] for r in rows}) == 303
+
+
+def test_spark_submit_runs_the_same_job(demo_assets, tmp_path):
+    import pyspark
+
+    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    folder = _subset(demo_assets, str(tmp_path / "in"), per_class=3)
+    job = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "classify.py")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = run_command([spark_submit, "--master", "local[2]", job, folder, str(tmp_path / "out"),
+                          "--model", "spark_cnn.models.demo:digits_cnn", "--weights", demo_assets.weights,
+                          "--labels", demo_assets.labels], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "images      30" in result.stdout
+    summary = json.loads((tmp_path / "out" / "_summary.json").read_text())
+    assert summary["images"] == 30 and summary["errors"] == 0
+    assert _wait_until_gone(summary["app_id"]) == []
+
+
+@pytest.mark.parametrize("case", ["missing input", "unknown model", "output exists", "bad device"])
+def test_bad_configuration_is_one_line(spark_cnn, demo_assets, tmp_path, case):
+    output = tmp_path / "out"
+    args = ["classify", demo_assets.images, str(output), "--model", "spark_cnn.models.demo:digits_cnn",
+            "--weights", demo_assets.weights]
+    if case == "missing input":
+        args[1] = str(tmp_path / "nowhere")
+    elif case == "unknown model":
+        args[4] = "not_a_model"
+    elif case == "output exists":
+        output.mkdir()
+    else:
+        args += ["--device", "tpu"]
+    started = time.monotonic()
+    result = spark_cnn(*args)
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("spark-cnn classify: error: "), result.stderr
+    assert time.monotonic() - started < 30, "the check should come before Spark starts"
+    assert not output.exists() or case == "output exists"
