@@ -65,18 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def classify_config(args: argparse.Namespace):
     from spark_cnn.config import ClassifyConfig, parse_batch_size
-    from spark_cnn.imaging.preprocess import Preprocessing
     from spark_cnn.models.spec import ModelSpec
 
-    prep = None
-    overrides = {k: getattr(args, k) for k in ("resize", "crop", "mean", "std") if getattr(args, k) is not None}
-    if overrides:
-        if "crop" in overrides and "resize" not in overrides:
-            overrides["resize"] = overrides["crop"]
-        prep = Preprocessing(**{**Preprocessing().to_dict(), **overrides})
+    # Only the fields given: the rest come from the model's own preprocessing when the model is resolved.
+    prep = {k: getattr(args, k) for k in ("resize", "crop", "mean", "std") if getattr(args, k) is not None}
     return ClassifyConfig(
         input=args.input, output=args.output,
-        model=ModelSpec(args.model, weights=args.weights, preprocessing=prep),
+        model=ModelSpec(args.model, weights=args.weights, preprocessing=prep or None),
         labels=args.labels, top_k=args.top_k, master=args.master, batch_size=parse_batch_size(args.batch_size),
         device=args.device, on_error=args.on_error, summary=args.summary, logits=args.logits,
         embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet)

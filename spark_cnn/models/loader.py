@@ -16,6 +16,8 @@ from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import model_kind
 
+# Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads.
+AUX_HEAD_MODELS = {"googlenet": ("aux1.", "aux2."), "inception_v3": ("AuxLogits.",)}
 # A module (or factory) may declare its own preprocessing as this attribute: a dict of Preprocessing fields.
 PREPROCESSING_ATTRIBUTE = "spark_cnn_preprocessing"
 
@@ -48,8 +50,8 @@ def _torchvision_model(name: str, num_classes: int | None = None) -> nn.Module:
         raise ModelError(f"--model {name}: unknown model; use a torchvision classification model name "
                          f"(e.g. resnet50, mobilenet_v3_small), a TorchScript file, or module:factory")
     extra = {} if num_classes is None else {"num_classes": num_classes}
-    if name.startswith(("inception", "googlenet")):
-        extra["aux_logits"] = False  # eval-mode outputs only; also makes random-init fast and weights smaller
+    if name in AUX_HEAD_MODELS:
+        extra["aux_logits"] = False  # auxiliary heads only serve training; their weights are dropped on load
         extra["init_weights"] = False
     return torchvision.models.get_model(name, weights=None, **extra)
 
@@ -58,7 +60,7 @@ def _from_factory(source: str) -> nn.Module:
     module_name, _, attr = source.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
+    except (ImportError, AttributeError, ValueError) as e:  # ValueError: an empty module name
         raise ModelError(f"--model {source}: cannot import {attr!r} from {module_name!r} ({e}); the module must be "
                          f"importable on the driver and executors (e.g. spark-submit --py-files)") from e
     module = factory()
@@ -75,6 +77,9 @@ def _load_weights(module: nn.Module, source: str, weights: str) -> nn.Module:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"--weights {weights}: expected a state_dict (a dict of tensors, torch.save(model."
                          f"state_dict(), path)), found {type(state).__name__}")
+    aux_prefixes = AUX_HEAD_MODELS.get(source, ()) if model_kind(source) == "torchvision" else ()
+    if aux_prefixes:
+        state = {k: v for k, v in state.items() if not k.startswith(aux_prefixes)}
     try:
         module.load_state_dict(state)
         return module

@@ -25,7 +25,7 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
                      embeddings: bool = False) -> ResolvedModel:
     """Load `spec` once on the CPU, run one blank image through it, and fix preprocessing and heads."""
     module = build_module(spec.source, spec.weights)
-    prep = spec.preprocessing or declared_preprocessing(module) or Preprocessing()
+    prep = spec.preprocessing_over(declared_preprocessing(module) or Preprocessing())
     probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings)
     try:
         with torch.inference_mode():

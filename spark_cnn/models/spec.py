@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
@@ -30,8 +32,9 @@ class ModelSpec:
 
     `source` is a torchvision classification model name (`resnet50`), a TorchScript file (`model.pt`), or
     `package.module:factory` returning an `nn.Module`. `weights` is an optional state_dict file, loaded with
-    `weights_only=True`. `preprocessing=None` means: what the model declares (attribute
-    `spark_cnn_preprocessing`), else the torchvision default.
+    `weights_only=True`. `preprocessing` overrides some or all fields of the model's preprocessing, which is
+    what the model declares (attribute `spark_cnn_preprocessing`), else the torchvision default; give a dict
+    of `Preprocessing` fields or a whole `Preprocessing`.
 
     >>> ModelSpec("mobilenet_v3_small").kind
     'torchvision'
@@ -39,9 +42,21 @@ class ModelSpec:
 
     source: str
     weights: str | None = None
-    preprocessing: Preprocessing | None = None
+    preprocessing: Preprocessing | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        overrides = self.preprocessing
+        if isinstance(overrides, Preprocessing):
+            overrides = overrides.to_dict()
+        if overrides is not None:
+            unknown = set(overrides) - set(Preprocessing.__dataclass_fields__)
+            if unknown:
+                raise ConfigError(f"unknown preprocessing field(s) {sorted(unknown)}; expected "
+                                  f"{sorted(Preprocessing.__dataclass_fields__)}")
+            # Check each given value now; whether crop fits resize is checked against the model's own values
+            # once they are known (a base with a huge resize and a tiny crop accepts any single one of them).
+            Preprocessing(**{"resize": 1 << 30, "crop": 1, **overrides})
+            object.__setattr__(self, "preprocessing", dict(overrides))
         if not self.source or not self.source.strip():
             raise ConfigError("--model is empty: give a torchvision model name, a TorchScript file or module:factory")
         if self.weights is not None and not os.path.isfile(self.weights):
@@ -52,6 +67,10 @@ class ModelSpec:
     @property
     def kind(self) -> str:
         return model_kind(self.source)
+
+    def preprocessing_over(self, base: Preprocessing) -> Preprocessing:
+        """`base` (the model's own preprocessing) with this spec's overrides applied."""
+        return Preprocessing(**{**base.to_dict(), **(self.preprocessing or {})})
 
 
 @dataclass(frozen=True)
@@ -84,14 +103,15 @@ class Endpoint:
         return cls(**data)
 
     def with_fingerprint(self) -> Endpoint:
-        """Fingerprint = hash of what decides the outputs: source, file contents, preprocessing and heads."""
+        """Fingerprint = hash of what decides the outputs: the model (a file's contents, not its path; a name
+        or `module:factory` as written, so a factory's code is not covered), weights contents, preprocessing
+        and heads. The same model under two paths is one model to a sidecar."""
         digest = hashlib.sha256()
-        for part in (self.source, self.weights or "", json.dumps(self.preprocessing.to_dict(), sort_keys=True),
+        model = file_sha256(self.source) if os.path.isfile(self.source) else self.source
+        weights = file_sha256(self.weights) if self.weights else ""
+        for part in (model, weights, json.dumps(self.preprocessing.to_dict(), sort_keys=True),
                      str(self.top_k), str(self.logits), str(self.embeddings)):
             digest.update(part.encode() + b"\0")
-        for path in (self.source, self.weights):
-            if path and os.path.isfile(path):
-                digest.update(file_sha256(path).encode())
         return replace(self, fingerprint=digest.hexdigest()[:16])
 
     def localised(self, resolve) -> Endpoint:

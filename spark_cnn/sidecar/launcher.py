@@ -169,7 +169,10 @@ def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:
     for info in find_sidecars(app_id):
         args = " ".join(cmdline(info.pid))
         if "spark_cnn.sidecar" in args:  # never signal a process that merely reused the pid
-            os.kill(info.pid, signal.SIGTERM)
+            try:
+                os.kill(info.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue  # it exited on its own meanwhile
             targets.append(info.pid)
     stopped = len(targets)
     deadline = time.monotonic() + timeout_s
@@ -177,5 +180,8 @@ def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:
         targets = [pid for pid in targets if is_alive(ProcessId(pid, 0))]
         time.sleep(POLL_INTERVAL_S)
     for pid in targets:
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     return stopped

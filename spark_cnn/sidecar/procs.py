@@ -82,7 +82,7 @@ def find_executor_jvm(start_pid: int | None = None) -> ExecutorProcess:
         args = cmdline(pid)
         if args and os.path.basename(args[0]) == "java":
             executor_id = "driver"
-            if "--executor-id" in args:
+            if "--executor-id" in args[:-1]:
                 executor_id = args[args.index("--executor-id") + 1]
             return ExecutorProcess(process_id(pid), executor_id)
     return ExecutorProcess(process_id(os.getppid()), "unknown")

@@ -33,6 +33,9 @@ class Kind(IntEnum):
 HEADER = struct.Struct("!BQQ")  # kind, request id, payload length
 # Requests are at most a few hundred images of a few hundred KB; anything far above is a broken peer.
 MAX_PAYLOAD_BYTES = 1 << 30
+# Before a client has shown its token it may send only a HELLO, which is small: an unauthenticated peer
+# must not make the sidecar allocate a gigabyte.
+MAX_HANDSHAKE_BYTES = 1 << 20
 PIXELS_COLUMN = "pixels"
 CONNECTION_REQUEST_ID = 0
 
@@ -62,10 +65,10 @@ def send_json(sock: socket.socket, kind: Kind, request_id: int, data: dict) -> N
     send_frame(sock, kind, request_id, json.dumps(data).encode("utf-8"))
 
 
-def recv_frame(sock: socket.socket) -> Frame:
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_PAYLOAD_BYTES) -> Frame:
     kind, request_id, length = HEADER.unpack(_recv_exact(sock, HEADER.size))
-    if length > MAX_PAYLOAD_BYTES:
-        raise SidecarError(f"message of {length} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit")
+    if length > max_bytes:
+        raise SidecarError(f"message of {length} bytes exceeds the {max_bytes}-byte limit")
     try:
         kind = Kind(kind)
     except ValueError as e:
@@ -135,6 +138,8 @@ def encode_outputs(outputs: dict[str, np.ndarray]) -> pa.Buffer:
         values = np.ascontiguousarray(values)
         if values.ndim == 1:
             arrays.append(pa.array(values))
+        elif values.ndim != 2:
+            raise SidecarError(f"output {name!r} has shape {values.shape}; expected one scalar or vector per row")
         else:
             arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]))
         names.append(name)

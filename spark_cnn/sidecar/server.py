@@ -205,7 +205,7 @@ class Connection:
             self.server.connection_closed()
 
     def _handshake(self) -> tuple[ModelService, str]:
-        frame = protocol.recv_frame(self.sock)
+        frame = protocol.recv_frame(self.sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
         if frame.kind != Kind.HELLO:
             raise SidecarError(f"expected HELLO first, got {frame.kind.name}")
         hello = frame.json()
@@ -288,6 +288,7 @@ class SidecarServer:
 
     def serve_forever(self) -> None:
         listener = self._listen()
+        final = True  # no task can ask for this sidecar again: its executor is gone, or the driver stopped it
         try:
             self._write_info()
             log.info("serving on %s (device %s, pid %d)", self.settings.socket_path, self.device, os.getpid())
@@ -295,7 +296,7 @@ class SidecarServer:
                 try:
                     sock, _ = listener.accept()
                 except TimeoutError:
-                    reason = self._exit_reason()
+                    reason, final = self._exit_reason()
                     if reason:
                         log.info("exiting: %s", reason)
                         return
@@ -306,13 +307,24 @@ class SidecarServer:
                 sock.settimeout(None)
                 threading.Thread(target=Connection(sock, self).serve, name="connection", daemon=True).start()
             log.info("exiting: asked to stop")
+            final = True
         finally:
             listener.close()
-            for path in (self.settings.info_path, self.settings.socket_path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+            self._remove_files(final)
+
+    def _remove_files(self, final: bool) -> None:
+        """Socket and info always; the start lock and the log too when no task can come back for this key
+        (an idle sidecar's lock stays, so a task starting its successor never races a vanishing lock file).
+        A sidecar that crashes never gets here, so its log stays for the post-mortem."""
+        paths = [self.settings.info_path, self.settings.socket_path]
+        base, ext = os.path.splitext(self.settings.socket_path)
+        if final and ext == ".sock":
+            paths += [base + ".lock", base + ".log"]
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
 
     def _listen(self) -> socket.socket:
         if os.path.exists(self.settings.socket_path):
@@ -337,13 +349,14 @@ class SidecarServer:
             json.dump(info, f)
         os.replace(tmp, self.settings.info_path)  # readers never see a half-written file
 
-    def _exit_reason(self) -> str | None:
+    def _exit_reason(self) -> tuple[str | None, bool]:
+        """(why to exit now or None, whether the exit is final for this sidecar's key)."""
         watch = self.settings.watch
         if watch is not None and not is_alive(watch):
-            return f"executor process {watch.pid} is gone"
+            return f"executor process {watch.pid} is gone", True
         with self._activity_lock:
             idle = self._connections == 0 and time.monotonic() - self._last_activity > self.settings.idle_timeout_s
-        return f"idle for {self.settings.idle_timeout_s:.0f} s" if idle else None
+        return (f"idle for {self.settings.idle_timeout_s:.0f} s" if idle else None), False
 
 
 def run(settings: SidecarSettings) -> None:
