@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -49,7 +50,7 @@ class SidecarClient:
     def submit(self, pixels: np.ndarray) -> int:
         """Send one INFER request of (N, H, W, 3) uint8 images; returns its request id."""
         request_id = next(self._ids)
-        protocol.send_frame(self._sock, Kind.INFER, request_id, protocol.encode_pixels(pixels))
+        self._send(Kind.INFER, request_id, protocol.encode_pixels(pixels))
         return request_id
 
     def receive(self) -> tuple[int, pa.RecordBatch | SidecarError]:
@@ -67,11 +68,18 @@ class SidecarClient:
     def stats(self, job: str) -> dict:
         """Counters of this sidecar for `job`. Call with no request in flight."""
         request_id = next(self._ids)
-        protocol.send_json(self._sock, Kind.STATS, request_id, {"job": job})
+        self._send(Kind.STATS, request_id, json.dumps({"job": job}).encode("utf-8"))
         frame = self._recv()
         if frame.kind != Kind.STATS_REPLY:
             raise SidecarError(f"expected STATS_REPLY, got {frame.kind.name}: {_message(frame)}")
         return frame.json()
+
+    def _send(self, kind: Kind, request_id: int, payload) -> None:
+        try:
+            protocol.send_frame(self._sock, kind, request_id, payload)
+        except OSError as e:  # BrokenPipeError and friends: the sidecar is gone
+            raise SidecarError(f"cannot send to the sidecar at {self.socket_path} ({e}); did it exit? see its "
+                               f".log beside the socket") from e
 
     def _recv(self) -> protocol.Frame:
         try:

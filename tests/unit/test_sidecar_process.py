@@ -1,0 +1,461 @@
+"""The sidecar as a real process: start, share, serve exact results to many clients, refuse strangers, exit.
+
+No Spark and no mocks: each test starts `python -m spark_cnn.sidecar` through the launcher, with a sleeping child
+process standing in for the executor JVM it watches, and the tiny demo CNN (random weights) as its model. All
+files live in a private runtime directory under /tmp (Unix socket paths must stay under ~100 bytes). Every test
+stops what it started and checks that no sidecar process of its application id is left.
+
+A sidecar start costs ~3 s (importing torch), so the tests that leave their sidecar running share one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from spark_cnn.errors import SidecarError
+from spark_cnn.imaging.tensors import normalise
+from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from spark_cnn.models.resolve import resolve_endpoint
+from spark_cnn.models.spec import Endpoint, ModelSpec
+from spark_cnn.sidecar import launcher, protocol
+from spark_cnn.sidecar.client import SidecarClient, map_ordered
+from spark_cnn.sidecar.launcher import (
+    RUNTIME_DIR_ENV,
+    LaunchOptions,
+    SidecarInfo,
+    ensure_sidecar,
+    find_sidecars,
+    sidecar_name,
+    stop_sidecars,
+)
+from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId, cmdline, is_alive, process_id
+from spark_cnn.sidecar.protocol import Kind
+
+# The sidecar checks its executor and idle timer every 0.5 s; 10 s leaves room for a loaded 2-core host.
+EXIT_WAIT_S = 10.0
+# A start that fails must be reported once the process dies (import torch + one error), not at the 180 s limit.
+FAILED_START_BOUND_S = 60.0
+PIXEL_SHAPE = DIGITS_PREPROCESSING.pixel_shape  # (32, 32, 3)
+LOGITS_ATOL = 1e-5
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FakeApp:
+    """An application id and the sleeping child process that plays its executor JVM."""
+
+    app_id: str
+    executor: ExecutorProcess
+    child: subprocess.Popen
+
+    def options(self, **overrides) -> LaunchOptions:
+        return LaunchOptions(app_id=self.app_id, **{"device": "cpu", **overrides})
+
+    def base(self, device: str = "cpu") -> str:
+        """The launcher's path prefix for this app's sidecar files (.sock, .json, .lock, .log)."""
+        return os.path.join(os.environ[RUNTIME_DIR_ENV], sidecar_name(self.app_id, self.executor, device))
+
+
+def sidecar_pids(app_id: str) -> list[int]:
+    """Live `python -m spark_cnn.sidecar ... --app-id <app_id>` processes, found through /proc (not info files)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        args = cmdline(int(entry))
+        if (args[1:3] == ["-m", "spark_cnn.sidecar"] and "--app-id" in args
+                and args[args.index("--app-id") + 1] == app_id and is_alive(ProcessId(int(entry), 0))):
+            found.append(int(entry))
+    return found
+
+
+def wait_until(condition, timeout_s: float = EXIT_WAIT_S) -> float | None:
+    """Seconds until `condition()` held, or None if it did not within `timeout_s`."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    return None
+
+
+def gone(pid: int) -> bool:
+    return not is_alive(ProcessId(pid, 0))
+
+
+@contextmanager
+def fake_app(tag: str) -> Iterator[FakeApp]:
+    """A fresh app id and fake executor; afterwards its sidecars are stopped and none may remain."""
+    app_id = f"scn-{tag}-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        yield FakeApp(app_id, ExecutorProcess(process_id(child.pid), "exec-test"), child)
+    finally:
+        # Stop first, then kill the executor, so that a sidecar still running is ended by stop_sidecars itself
+        # rather than racing it on its way out.
+        try:
+            stop_sidecars(app_id)
+        finally:
+            child.kill()
+            child.wait()
+            for pid in sidecar_pids(app_id):  # last resort, so that a failed test leaves no process behind
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not sidecar_pids(app_id)) is not None, f"sidecars of {app_id} still running"
+
+
+def random_pixels(rng: np.random.Generator, rows: int) -> np.ndarray:
+    return rng.integers(0, 256, size=(rows, *PIXEL_SHAPE), dtype=np.uint8)
+
+
+def logits_of(batch: pa.RecordBatch) -> np.ndarray:
+    return batch.column("logits").flatten().to_numpy().reshape(batch.num_rows, -1)
+
+
+# --- fixtures ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[str]:
+    """A private runtime directory that does not exist yet (the launcher must create it 0700)."""
+    base = tempfile.mkdtemp(prefix="scn")
+    path = os.path.join(base, "rt")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(RUNTIME_DIR_ENV, path)
+            yield path
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def weights(runtime: str) -> str:
+    torch.manual_seed(0)
+    path = os.path.join(os.path.dirname(runtime), "digits_state.pt")
+    torch.save(DigitsCNN().state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def endpoint(weights: str) -> Endpoint:
+    return resolve_endpoint(ModelSpec(DIGITS_FACTORY, weights=weights), logits=True).endpoint
+
+
+@pytest.fixture(scope="module")
+def reference(weights: str):
+    """Logits computed directly with torch, as the sidecar should compute them."""
+    model = DigitsCNN()
+    model.load_state_dict(torch.load(weights, weights_only=True))
+    model.eval()
+
+    def compute(pixels: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return model(normalise(torch.from_numpy(pixels), DIGITS_PREPROCESSING)).numpy()
+
+    return compute
+
+
+@pytest.fixture(scope="module")
+def shared(runtime: str) -> Iterator[tuple[FakeApp, SidecarInfo]]:
+    """One running sidecar for the tests that do not stop it."""
+    with fake_app("shared") as app:
+        yield app, ensure_sidecar(app.options(), app.executor)
+
+
+@pytest.fixture
+def app(runtime: str) -> Iterator[FakeApp]:
+    with fake_app("own") as fresh:
+        yield fresh
+
+
+def check_against_reference(reference, pixels: np.ndarray, reply) -> None:
+    assert isinstance(reply, pa.RecordBatch), f"expected outputs, got {reply!r}"
+    assert reply.num_rows == len(pixels)
+    expected = reference(pixels)
+    np.testing.assert_allclose(logits_of(reply), expected, atol=LOGITS_ATOL, rtol=0)
+    np.testing.assert_array_equal(reply.column("label").to_numpy(), expected.argmax(axis=1))
+
+
+# --- start and share --------------------------------------------------------------------------------------------
+
+def test_one_sidecar_per_key_visible_in_ps_with_private_files(shared, runtime):
+    app, info = shared
+
+    again = ensure_sidecar(app.options(), app.executor)
+
+    assert again.pid == info.pid
+    assert (info.app_id, info.executor, info.device) == (app.app_id, "exec-test", "cpu")
+    args = cmdline(info.pid)
+    assert "spark_cnn" in " ".join(args) and "sidecar" in " ".join(args), args
+    assert info.token not in " ".join(args), "the access token must not be visible in ps"
+    assert stat.S_IMODE(os.stat(runtime).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(app.base() + ".json").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(info.socket).st_mode) == 0o600
+    assert stat.S_ISSOCK(os.stat(info.socket).st_mode)
+    assert [found.pid for found in find_sidecars(app.app_id)] == [info.pid]
+
+
+_RACE_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
+    from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId
+    pid, start_time, app_id, ready, go = sys.argv[1:]
+    open(ready, "w").close()
+    while not os.path.exists(go):
+        time.sleep(0.002)
+    executor = ExecutorProcess(ProcessId(int(pid), int(start_time)), "exec-test")
+    print(ensure_sidecar(LaunchOptions(app_id=app_id, device="cpu"), executor).pid)
+""")
+
+
+def test_concurrent_starts_share_one_sidecar(app, runtime):
+    signals = tempfile.mkdtemp(prefix="go", dir=os.path.dirname(runtime))
+    go = os.path.join(signals, "go")
+    readies = [os.path.join(signals, f"ready{i}") for i in range(4)]
+    starters = [subprocess.Popen([sys.executable, "-c", _RACE_SCRIPT, str(app.executor.process.pid),
+                                  str(app.executor.process.start_time), app.app_id, ready, go],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for ready in readies]
+    try:
+        assert wait_until(lambda: all(os.path.exists(r) for r in readies), 30.0) is not None
+        open(go, "w").close()  # all four call ensure_sidecar at once
+        outputs = [starter.communicate(timeout=60) for starter in starters]
+    finally:
+        for starter in starters:
+            starter.kill()
+            starter.wait()
+
+    assert [starter.returncode for starter in starters] == [0] * 4, [err for _, err in outputs]
+    pids = {int(out.strip()) for out, _ in outputs}
+    assert len(pids) == 1, pids
+    assert sidecar_pids(app.app_id) == list(pids)
+
+
+# --- results ----------------------------------------------------------------------------------------------------
+
+def test_results_are_exact_and_in_request_order(shared, endpoint, reference):
+    _, info = shared
+    rng = np.random.default_rng(1)
+    # 17 rows span three device batches of 8; 70 rows exceed the queue bound of 64 and must still be served.
+    requests = [(f"req{i}", random_pixels(rng, rows)) for i, rows in enumerate([1, 5, 17, 3, 70, 2])]
+
+    with SidecarClient(info.socket, info.token, endpoint, job=f"order-{uuid.uuid4().hex[:6]}") as client:
+        replies = list(map_ordered(client, requests))
+
+    assert [key for key, _ in replies] == [key for key, _ in requests]
+    for (_, pixels), (_, reply) in zip(requests, replies, strict=True):
+        check_against_reference(reference, pixels, reply)
+
+
+def test_concurrent_clients_each_get_their_own_results(shared, endpoint, reference):
+    _, info = shared
+    clients, requests_each = 6, 20
+    job = f"concurrent-{uuid.uuid4().hex[:6]}"
+    start_together = threading.Barrier(clients)
+
+    def one_client(seed: int) -> list[tuple[np.ndarray, object]]:
+        rng = np.random.default_rng(100 + seed)
+        # Distinct per client: the first pixel of every image carries the client's number.
+        requests = []
+        for i in range(requests_each):
+            pixels = random_pixels(rng, int(rng.integers(1, 10)))
+            pixels[:, 0, 0, 0] = seed
+            requests.append((i, pixels))
+        with SidecarClient(info.socket, info.token, endpoint, job=job) as client:
+            start_together.wait(timeout=30)
+            replies = list(map_ordered(client, requests))
+        assert [key for key, _ in replies] == list(range(requests_each))
+        return [(pixels, reply) for (_, pixels), (_, reply) in zip(requests, replies, strict=True)]
+
+    with ThreadPoolExecutor(clients) as pool:
+        results = [future.result(timeout=120) for future in [pool.submit(one_client, c) for c in range(clients)]]
+
+    for per_client in results:
+        for pixels, reply in per_client:
+            check_against_reference(reference, pixels, reply)
+    with SidecarClient(info.socket, info.token, endpoint, job=job) as client:
+        stats = client.stats(job)
+    total_rows = sum(len(pixels) for per_client in results for pixels, _ in per_client)
+    assert stats["requests"] == clients * requests_each
+    assert stats["images"] == total_rows
+    assert stats["errors"] == 0
+    assert stats["pid"] == info.pid
+    assert stats["mean_batch_size"] > 1
+    # Splitting only adds batches: fewer batches than requests means requests were merged into shared batches.
+    assert stats["batches"] < stats["requests"], stats
+
+
+# --- refusals and bad requests ----------------------------------------------------------------------------------
+
+def test_wrong_token_is_refused_and_the_sidecar_keeps_serving(shared, endpoint, reference):
+    _, info = shared
+
+    with pytest.raises(SidecarError, match="refused"):
+        SidecarClient(info.socket, "0" * len(info.token), endpoint, job="intruder")
+
+    pixels = random_pixels(np.random.default_rng(2), 4)
+    with SidecarClient(info.socket, info.token, endpoint, job="after-intruder") as client:
+        [(_, reply)] = list(map_ordered(client, [("ok", pixels)]))
+    check_against_reference(reference, pixels, reply)
+
+
+@pytest.mark.parametrize("bad_pixels", [
+    np.zeros((3, 16, 16, 3), dtype=np.uint8),  # another model's input size
+    np.zeros((0, *PIXEL_SHAPE), dtype=np.uint8),  # no images at all
+], ids=["wrong-shape", "empty"])
+def test_bad_infer_fails_that_request_only(shared, endpoint, reference, bad_pixels):
+    _, info = shared
+    rng = np.random.default_rng(3)
+    before, after = random_pixels(rng, 2), random_pixels(rng, 3)
+    job = f"bad-{uuid.uuid4().hex[:6]}"
+
+    with SidecarClient(info.socket, info.token, endpoint, job=job) as client:
+        replies = dict(map_ordered(client, [("before", before), ("bad", bad_pixels), ("after", after)]))
+        later = dict(map_ordered(client, [("later", before)]))  # the same connection, after the error
+        stats = client.stats(job)
+
+    assert isinstance(replies["bad"], SidecarError)
+    assert "bad request" in str(replies["bad"])
+    check_against_reference(reference, before, replies["before"])
+    check_against_reference(reference, after, replies["after"])
+    check_against_reference(reference, before, later["later"])
+    assert (stats["requests"], stats["errors"]) == (3, 1)
+
+
+def test_undecodable_infer_payload_fails_that_request_only(shared, endpoint, reference):
+    """A payload that is not Arrow at all, sent over the raw protocol, fails only its request id."""
+    _, info = shared
+    pixels = random_pixels(np.random.default_rng(4), 2)
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(info.socket)
+        protocol.send_json(sock, Kind.HELLO, 1, {"token": info.token, "endpoint": endpoint.to_json(), "job": "raw"})
+        assert protocol.recv_frame(sock).kind == Kind.READY
+        protocol.send_frame(sock, Kind.INFER, 2, b"these bytes are not an Arrow stream")
+        error = protocol.recv_frame(sock)
+        protocol.send_frame(sock, Kind.INFER, 3, protocol.encode_pixels(pixels))
+        result = protocol.recv_frame(sock)
+
+    assert (error.kind, error.request_id) == (Kind.ERROR, 2)
+    assert "bad request" in error.json()["message"]
+    assert (result.kind, result.request_id) == (Kind.RESULT, 3)
+    check_against_reference(reference, pixels, protocol.decode_outputs(result.payload))
+
+
+def test_unloadable_model_is_refused_at_handshake_and_the_sidecar_keeps_serving(shared, endpoint, reference):
+    _, info = shared
+    missing = Endpoint(source="spark_cnn_no_such_module:factory", weights=None,
+                       preprocessing=DIGITS_PREPROCESSING, top_k=1).with_fingerprint()
+
+    with pytest.raises(SidecarError, match="spark_cnn_no_such_module"):
+        SidecarClient(info.socket, info.token, missing, job="missing-model")
+
+    pixels = random_pixels(np.random.default_rng(5), 1)
+    with SidecarClient(info.socket, info.token, endpoint, job="after-missing") as client:
+        [(_, reply)] = list(map_ordered(client, [("ok", pixels)]))
+    check_against_reference(reference, pixels, reply)
+    assert is_alive(ProcessId(info.pid, 0))
+
+
+# --- lifecycle ----------------------------------------------------------------------------------------------------
+
+def _files_removed(app: FakeApp) -> bool:
+    return not os.path.exists(app.base() + ".json") and not os.path.exists(app.base() + ".sock")
+
+
+def test_sidecar_exits_with_its_executor(app):
+    info = ensure_sidecar(app.options(), app.executor)
+
+    app.child.kill()
+    app.child.wait()
+
+    waited = wait_until(lambda: gone(info.pid))
+    assert waited is not None, f"sidecar {info.pid} still running {EXIT_WAIT_S} s after its executor died"
+    assert waited < 5.0, f"sidecar took {waited:.1f} s to notice its executor died"
+    assert wait_until(lambda: _files_removed(app), 2.0) is not None
+
+
+def test_idle_sidecar_exits_but_not_while_a_client_is_connected(app, endpoint):
+    info = ensure_sidecar(app.options(idle_timeout_s=1.0), app.executor)
+
+    with SidecarClient(info.socket, info.token, endpoint, job="idle"):
+        time.sleep(2.5)  # over twice the idle timeout, with a connection open
+        assert is_alive(ProcessId(info.pid, 0)), "a sidecar with a connected client must not count as idle"
+
+    assert wait_until(lambda: gone(info.pid)) is not None, "the idle sidecar did not exit"
+    assert wait_until(lambda: _files_removed(app), 2.0) is not None
+    with open(app.base() + ".log") as f:
+        assert "exiting: idle" in f.read()
+
+
+def test_stop_sidecars_stops_a_running_sidecar(app):
+    info = ensure_sidecar(app.options(), app.executor)
+
+    assert stop_sidecars(app.app_id) == 1
+
+    assert gone(info.pid)
+    assert _files_removed(app)
+    assert stop_sidecars(app.app_id) == 0
+
+
+def test_stop_sidecars_tolerates_a_sidecar_exiting_meanwhile(app, monkeypatch):
+    """The driver calls stop_sidecars in a `finally`: a sidecar exiting on its own at that moment (idle, executor
+    gone) must not make it raise ProcessLookupError and hide the job's own outcome."""
+    info = ensure_sidecar(app.options(), app.executor)
+    real_cmdline = launcher.cmdline
+
+    def cmdline_then_exit(pid: int) -> list[str]:
+        # The sidecar's own pid-reuse check passes, then the sidecar exits (e.g. it was idle) before the signal.
+        args = real_cmdline(pid)
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}")) is not None  # reaped by the launcher
+        return args
+
+    monkeypatch.setattr(launcher, "cmdline", cmdline_then_exit)
+
+    assert stop_sidecars(app.app_id) == 0  # it was gone before the signal: this call stopped nothing
+    assert gone(info.pid)
+
+
+def test_request_to_an_exited_sidecar_raises_sidecar_error(app, endpoint):
+    info = ensure_sidecar(app.options(), app.executor)
+    with SidecarClient(info.socket, info.token, endpoint, job="orphan") as client:
+        assert stop_sidecars(app.app_id) == 1
+
+        with pytest.raises(SidecarError, match="closed the connection|cannot reach|cannot send"):
+            list(map_ordered(client, [("after-exit", random_pixels(np.random.default_rng(6), 1))]))
+
+
+def test_failed_start_is_reported_quickly_with_the_log_tail(app):
+    started = time.monotonic()
+
+    with pytest.raises(SidecarError) as raised:
+        ensure_sidecar(app.options(device="cuda:7"), app.executor)
+
+    elapsed = time.monotonic() - started
+    assert elapsed < FAILED_START_BOUND_S
+    message = str(raised.value)
+    assert "exited with code" in message
+    assert "ConfigError" in message and "cuda:7" in message, message
+    assert sidecar_pids(app.app_id) == []
+    assert not os.path.exists(app.base("cuda:7") + ".json")
