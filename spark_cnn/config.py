@@ -9,6 +9,7 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 ON_ERROR_CHOICES = ("record", "fail")
@@ -29,6 +30,11 @@ class ClassifyConfig:
     master: str | None = None
     batch_size: int | None = None
     device: str = "auto"
+    precision: str = "auto"
+    channels_last: bool | None = None
+    compile: bool = False
+    decode: str = "task"
+    threads: int | None = None
     on_error: str = "record"
     summary: str | None = None
     logits: bool = False
@@ -54,8 +60,21 @@ class ClassifyConfig:
             raise ConfigError(f"--top-k {self.top_k}: expected a positive integer")
         if self.request_rows < 1 or self.max_in_flight < 1:
             raise ConfigError("request rows and requests in flight must be positive")
+        if self.decode not in DECODE_PLACES:
+            raise ConfigError(f"--decode {self.decode}: expected one of {', '.join(DECODE_PLACES)}")
+        if self.decode == "gpu" and self.device == "cpu":
+            raise ConfigError("--decode gpu needs a CUDA device; drop --device cpu or decode in the tasks")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads {self.threads}: expected a positive integer")
+        _ = self.run_options  # validates precision and batch size
         if self.idle_timeout_s <= 0:
             raise ConfigError(f"sidecar idle timeout must be positive, got {self.idle_timeout_s}")
+
+
+    @property
+    def run_options(self) -> RunOptions:
+        return RunOptions(batch_size=self.batch_size, precision=self.precision, channels_last=self.channels_last,
+                          compile=self.compile)
 
 
 def parse_batch_size(text: str) -> int | None:

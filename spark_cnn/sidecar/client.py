@@ -24,11 +24,13 @@ DEFAULT_MAX_IN_FLIGHT = 4
 
 
 class SidecarClient:
-    """One connection to a sidecar, bound to one endpoint (model + heads), one job id and a batch size
-    (None: the sidecar's choice for its device)."""
+    """One connection to a sidecar, bound to one endpoint (model + heads), one job id, run options (a dict of
+    `runner.RunOptions` fields; `batch_size` None is the sidecar's choice) and where images are decoded
+    (`task`: requests carry pixels; `sidecar` or `gpu`: requests carry files)."""
 
     def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
-                 batch_size: int | None = None, timeout_s: float = REPLY_TIMEOUT_S):
+                 batch_size: int | None = None, options: dict | None = None, decode: str = "task",
+                 timeout_s: float = REPLY_TIMEOUT_S):
         self.socket_path = socket_path
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -36,8 +38,8 @@ class SidecarClient:
         try:
             self._sock.connect(socket_path)
             protocol.send_json(self._sock, Kind.HELLO, next(self._ids),
-                               {"token": token, "endpoint": endpoint.to_json(), "job": job,
-                                "batch_size": batch_size})
+                               {"token": token, "endpoint": endpoint.to_json(), "job": job, "decode": decode,
+                                "options": {**(options or {}), **({"batch_size": batch_size} if batch_size else {})}})
             reply = self._recv()
         except OSError as e:
             self._sock.close()
@@ -47,10 +49,11 @@ class SidecarClient:
             raise SidecarError(f"sidecar at {socket_path} refused the connection: {_message(reply)}")
         self.ready = reply.json()
 
-    def submit(self, pixels: np.ndarray) -> int:
-        """Send one INFER request of (N, H, W, 3) uint8 images; returns its request id."""
+    def submit(self, images: np.ndarray | list[bytes]) -> int:
+        """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""
         request_id = next(self._ids)
-        self._send(Kind.INFER, request_id, protocol.encode_pixels(pixels))
+        payload = protocol.encode_pixels(images) if isinstance(images, np.ndarray) else protocol.encode_images(images)
+        self._send(Kind.INFER, request_id, payload)
         return request_id
 
     def receive(self) -> tuple[int, pa.RecordBatch | SidecarError]:
@@ -101,11 +104,11 @@ class SidecarClient:
         self.close()
 
 
-def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | None]],
+def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | list[bytes] | None]],
                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Iterator[tuple[Any, Any]]:
-    """Send each item's pixels with up to `max_in_flight` requests outstanding; yield (key, reply) in order.
+    """Send each item's images with up to `max_in_flight` requests outstanding; yield (key, reply) in order.
 
-    The reply is a RecordBatch of outputs or a SidecarError for that request. Items with `None` pixels carry
+    The reply is a RecordBatch of outputs or a SidecarError for that request. Items with `None` images carry
     no work and pass through in order with a `None` reply (markers, e.g. the end of a Spark batch). `items` is
     pulled lazily, so producing the next item (decoding) overlaps with the sidecar's work on earlier ones.
     """

@@ -60,6 +60,7 @@ class LaunchOptions:
     app_id: str
     device: str = "auto"
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    threads: int | None = None  # torch CPU threads in the sidecar; None: torch's default
 
 
 def runtime_dir() -> str:
@@ -124,6 +125,8 @@ def _start(base: str, options: LaunchOptions, executor: ExecutorProcess) -> Side
            "--device", options.device, "--idle-timeout", str(options.idle_timeout_s),
            "--watch-pid", str(executor.process.pid), "--watch-start-time", str(executor.process.start_time),
            "--app-id", options.app_id, "--executor-id", executor.executor_id]
+    if options.threads:
+        cmd += ["--threads", str(options.threads)]
     with open(base + ".log", "ab") as log_file:
         # A new session: the sidecar outlives the Python worker that started it, and signals to the worker's
         # process group do not reach it. It ends with its executor (watched pid) or when idle.

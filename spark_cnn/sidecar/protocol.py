@@ -23,7 +23,7 @@ from spark_cnn.errors import SidecarError
 class Kind(IntEnum):
     HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job", "batch_size" (null: auto)}
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size"}
-    INFER = 3        # client -> sidecar, Arrow: column "pixels", one fixed-size uint8 HxWx3 image per row
+    INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row) or "encoded" (file bytes)
     RESULT = 4       # sidecar -> client, Arrow: one output row per input row, same order
     ERROR = 5        # sidecar -> client, JSON: {"message"}; request id 0 means the whole connection failed
     STATS = 6        # client -> sidecar, JSON: {"job"}
@@ -36,7 +36,9 @@ MAX_PAYLOAD_BYTES = 1 << 30
 # Before a client has shown its token it may send only a HELLO, which is small: an unauthenticated peer
 # must not make the sidecar allocate a gigabyte.
 MAX_HANDSHAKE_BYTES = 1 << 20
-PIXELS_COLUMN = "pixels"
+PIXELS_COLUMN = "pixels"    # uint8 HxWx3 per row, decoded by the client
+ENCODED_COLUMN = "encoded"  # image file bytes per row, decoded by the sidecar
+ERROR_COLUMN = "error"      # in RESULT, when the sidecar decoded: why a row has no outputs (null if it has)
 CONNECTION_REQUEST_ID = 0
 
 
@@ -115,12 +117,28 @@ def encode_pixels(pixels: np.ndarray) -> pa.Buffer:
     return _to_ipc(pa.RecordBatch.from_arrays([column], schema=schema))
 
 
+def encode_images(images: list[bytes]) -> pa.Buffer:
+    """Encoded image files -> Arrow IPC payload, for the sidecar to decode."""
+    return _to_ipc(pa.RecordBatch.from_arrays([pa.array(images, pa.binary())], names=[ENCODED_COLUMN]))
+
+
+def decode_request(payload) -> np.ndarray | list[bytes]:
+    """An INFER payload: (N, H, W, 3) uint8 pixels, or a list of encoded image files."""
+    batch = _from_ipc(payload)
+    if batch.schema.names == [ENCODED_COLUMN] and pa.types.is_binary(batch.schema.types[0]):
+        return batch.column(0).to_pylist()
+    return _pixels_from(batch)
+
+
 def decode_pixels(payload) -> np.ndarray:
     """Arrow IPC payload -> (N, H, W, 3) uint8 array, viewing the received bytes without copying."""
-    batch = _from_ipc(payload)
+    return _pixels_from(_from_ipc(payload))
+
+
+def _pixels_from(batch: pa.RecordBatch) -> np.ndarray:
     if batch.schema.names != [PIXELS_COLUMN] or not pa.types.is_fixed_size_binary(batch.schema.types[0]):
-        raise SidecarError(f"INFER payload must have one fixed-size binary column {PIXELS_COLUMN!r}, "
-                           f"got {batch.schema}")
+        raise SidecarError(f"INFER payload must have one fixed-size binary column {PIXELS_COLUMN!r} or one "
+                           f"binary column {ENCODED_COLUMN!r}, got {batch.schema}")
     shape = tuple(json.loads((batch.schema.metadata or {}).get(b"shape", b"null")) or ())
     column = batch.column(0)
     row_bytes = column.type.byte_width
@@ -131,8 +149,13 @@ def decode_pixels(payload) -> np.ndarray:
     return flat.reshape((len(column), *shape))
 
 
-def encode_outputs(outputs: dict[str, np.ndarray]) -> pa.Buffer:
-    """Per-row model outputs (1-D scalars or 2-D vectors per row) -> Arrow IPC payload."""
+def encode_outputs(outputs: dict[str, np.ndarray], row_errors: list[str | None] | None = None) -> pa.Buffer:
+    """Per-row model outputs (1-D scalars or 2-D vectors per row) -> Arrow IPC payload.
+
+    With `row_errors` (one entry per original row; None where the row was fine), `outputs` hold only the
+    fine rows; the payload gets one row per original row, nulls in the outputs of failed rows, and an
+    `error` column. If no row was fine, the payload holds only the `error` column.
+    """
     arrays, names = [], []
     for name, values in outputs.items():
         values = np.ascontiguousarray(values)
@@ -143,6 +166,12 @@ def encode_outputs(outputs: dict[str, np.ndarray]) -> pa.Buffer:
         else:
             arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]))
         names.append(name)
+    if row_errors is not None:
+        positions = iter(range(len(row_errors)))
+        take = pa.array([None if error is not None else next(positions) for error in row_errors], pa.int32())
+        arrays = [array.take(take) for array in arrays]
+        arrays.append(pa.array(row_errors, pa.string()))
+        names.append(ERROR_COLUMN)
     return _to_ipc(pa.RecordBatch.from_arrays(arrays, names=names))
 
 

@@ -1,8 +1,16 @@
-"""The device side of the sidecar: hold each served model once, run uint8 batches through it."""
+"""The device side of the sidecar: hold a model on its device and run uint8 batches through it in stages.
+
+`upload` (host -> device), `forward` (normalise, model, heads) and `download` (device -> host) are separate so
+the sidecar can overlap them across consecutive batches: on CUDA the upload runs on its own stream from pinned
+memory and the download is non-blocking, so the copy of batch n+1 and the results of batch n-1 move while
+batch n computes. On the CPU the stages are plain calls; the overlap there comes from the service's threads.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -12,6 +20,15 @@ from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
+from spark_cnn.sidecar.options import RunOptions
+
+log = logging.getLogger("spark_cnn.sidecar")
+
+REDUCED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# `auto` precision runs a job's first images in fp32 and in bf16 and keeps bf16 only if top-1 agrees on at
+# least 99% of them: 256 images make 99% mean at most two disagreements.
+PRECISION_PROBE_IMAGES = 256
+MIN_TOP1_AGREEMENT = 0.99
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -27,46 +44,167 @@ def resolve_device(requested: str) -> torch.device:
     return device
 
 
-class ModelRunner:
-    """One loaded model on one device. `run(pixels)` takes (N, H, W, 3) uint8 and returns numpy outputs."""
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError for the same condition."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
-    def __init__(self, endpoint: Endpoint, device: torch.device):
+
+class PrecisionProbe:
+    """Decides `auto` precision from measured top-1 agreement. Pure bookkeeping; the runner feeds it."""
+
+    def __init__(self, reduced: str = "bf16", images: int = PRECISION_PROBE_IMAGES,
+                 min_agreement: float = MIN_TOP1_AGREEMENT):
+        self.reduced = reduced
+        self.images = images
+        self.min_agreement = min_agreement
+        self.seen = 0
+        self.agreed = 0
+        self.choice: str | None = None  # None while probing
+
+    def record(self, agreed: int, total: int) -> None:
+        self.seen += total
+        self.agreed += agreed
+        if self.choice is None and self.seen >= self.images:
+            self.choice = self.reduced if self.agreed / self.seen >= self.min_agreement else "fp32"
+
+    def describe(self) -> str:
+        if self.choice is None:
+            return f"fp32 (probing {self.seen}/{self.images} images)"
+        return f"{self.choice} (auto: top-1 agreement {self.agreed / self.seen:.3f} on {self.seen} images)"
+
+
+@dataclass
+class Staged:
+    """A batch on its way: device tensor of uint8 pixels, and the event its upload completes with (CUDA)."""
+
+    pixels: torch.Tensor
+    ready: torch.cuda.Event | None = None
+
+
+@dataclass
+class Pending:
+    """Outputs on their way back to the host; `done` fires when the non-blocking copies have landed (CUDA)."""
+
+    outputs: dict[str, torch.Tensor]
+    done: torch.cuda.Event | None = None
+
+
+class ModelRunner:
+    """One loaded model on one device, with its run options."""
+
+    def __init__(self, endpoint: Endpoint, device: torch.device, options: RunOptions | None = None):
+        options = options or RunOptions()
         self.endpoint = endpoint
         self.device = device
+        self.options = options
+        self.cuda = device.type == "cuda"
+        self.channels_last = self.cuda if options.channels_last is None else options.channels_last
         module = build_module(endpoint.source, endpoint.weights).to(device)
+        if self.channels_last:
+            module = module.to(memory_format=torch.channels_last)
+        if options.compile:
+            module = torch.compile(module)
         self.predictor = Predictor(module, top_k=endpoint.top_k, logits=endpoint.logits,
                                    embeddings=endpoint.embeddings)
+        self.probe = PrecisionProbe() if options.precision == "auto" and self.cuda else None
+        self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self._lock = threading.Lock()  # the embedding hook keeps per-call state: one forward at a time
 
-    def run(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
-        with torch.inference_mode():
-            batch = torch.from_numpy(pixels).to(self.device, non_blocking=True)
-            out = self.predictor.predict(normalise(batch, self.endpoint.preprocessing))
-            result = {
-                "label": out["label"].to(torch.int32),
-                "score": out["score"],
-                "topk_label": out["topk_label"].to(torch.int32),
-                "topk_score": out["topk_score"],
-            }
+    @property
+    def precision(self) -> str:
+        if self.probe is not None:
+            return self.probe.describe()
+        return "fp32" if self.options.precision == "auto" else self.options.precision
+
+    def upload(self, pixels: np.ndarray | torch.Tensor) -> Staged:
+        """Host uint8 (N, H, W, 3) -> device. On CUDA: pinned memory, a side stream, non-blocking."""
+        if isinstance(pixels, torch.Tensor) and pixels.device == self.device:
+            return Staged(pixels)  # decoded on the device already (nvJPEG)
+        host = torch.from_numpy(np.ascontiguousarray(pixels)) if isinstance(pixels, np.ndarray) else pixels
+        if not self.cuda:
+            return Staged(host)
+        host = host.pin_memory()
+        with torch.cuda.stream(self._copy_stream):
+            on_device = host.to(self.device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        return Staged(on_device, ready)
+
+    def forward(self, staged: Staged) -> Pending:
+        """Normalise, run the model and its heads; start copying the outputs back without waiting."""
+        with self._lock, torch.inference_mode():
+            pixels = staged.pixels
+            if staged.ready is not None:
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(staged.ready)
+                pixels.record_stream(stream)  # the caching allocator must not reuse it before compute is done
+            images = normalise(pixels, self.endpoint.preprocessing)
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            out = self._predict(images)
+            result = {"label": out["label"].to(torch.int32), "score": out["score"],
+                      "topk_label": out["topk_label"].to(torch.int32), "topk_score": out["topk_score"]}
             for optional in ("logits", "embedding"):
                 if optional in out:
                     result[optional] = out[optional]
-            return {k: v.cpu().numpy() for k, v in result.items()}
+            if not self.cuda:
+                return Pending(result)
+            host = {k: v.to("cpu", non_blocking=True) for k, v in result.items()}
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            return Pending(host, done)
+
+    def _predict(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        dtype = self._reduced_dtype()
+        if dtype is None:
+            out = self.predictor.predict(images)
+        else:
+            with torch.autocast(self.device.type, dtype=dtype):
+                out = self.predictor.predict(images)
+        if self.probe is not None and self.probe.choice is None:
+            with torch.autocast(self.device.type, dtype=REDUCED_DTYPES[self.probe.reduced]):
+                reduced = self.predictor.predict(images)["label"]
+            self.probe.record(int((reduced == out["label"]).sum()), len(images))
+            if self.probe.choice is not None:
+                log.info("precision for %s: %s", self.endpoint.source, self.probe.describe())
+        return out
+
+    def _reduced_dtype(self) -> torch.dtype | None:
+        if self.probe is not None:
+            return REDUCED_DTYPES.get(self.probe.choice or "fp32")
+        return REDUCED_DTYPES.get(self.options.precision)
+
+    @staticmethod
+    def download(pending: Pending) -> dict[str, np.ndarray]:
+        if pending.done is not None:
+            pending.done.synchronize()
+        return {k: v.float().numpy() if v.dtype in (torch.bfloat16, torch.float16) else v.numpy()
+                for k, v in pending.outputs.items()}
+
+    def run(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
+        """All three stages for one batch, in the calling thread (tests, the device-only benchmark)."""
+        return self.download(self.forward(self.upload(pixels)))
 
 
 class ModelRegistry:
-    """Models by endpoint fingerprint; each is loaded once, by the first connection that asks for it."""
+    """Runners by (endpoint fingerprint, model-changing options); each is loaded once, by the first asker."""
 
     def __init__(self, device: torch.device):
         self.device = device
-        self._runners: dict[str, ModelRunner] = {}
+        self._runners: dict[tuple, ModelRunner] = {}
         self._lock = threading.Lock()
 
-    def get(self, endpoint: Endpoint) -> tuple[ModelRunner, bool]:
-        """The runner for `endpoint`, and whether this call loaded it."""
+    def get(self, endpoint: Endpoint, options: RunOptions | None = None) -> tuple[ModelRunner, bool]:
+        """The runner for `endpoint` with `options`, and whether this call loaded it."""
+        options = options or RunOptions()
+        key = (endpoint.fingerprint, *options.model_key())
         with self._lock:
-            runner = self._runners.get(endpoint.fingerprint)
+            runner = self._runners.get(key)
             if runner is not None:
                 return runner, False
-            runner = ModelRunner(endpoint, self.device)
-            self._runners[endpoint.fingerprint] = runner
+            runner = ModelRunner(endpoint, self.device, options)
+            self._runners[key] = runner
             return runner, True

@@ -1,8 +1,9 @@
 """The sidecar process: one per executor, owns the device, serves every task of that executor.
 
 Threads: the main thread accepts connections and watches for exit conditions (executor gone, idle, SIGTERM);
-each connection has a reader (requests into the work queue) and a writer (results out, so a slow client never
-blocks the device); each served model has one device thread that takes batches from its queue and runs them.
+each connection has a reader (requests into a model's work queue; decodes when the request carries files)
+and a writer (replies out, so a slow client never blocks the device); each served model runs the pipeline
+threads of its ModelService (service.py).
 """
 
 from __future__ import annotations
@@ -16,30 +17,28 @@ import signal
 import socket
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from spark_cnn.errors import SidecarError
+from spark_cnn.errors import ConfigError, SidecarError
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar import protocol
+from spark_cnn.sidecar.decoding import decode_on_gpu, decode_on_host
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
 from spark_cnn.sidecar.procs import ProcessId, is_alive
 from spark_cnn.sidecar.protocol import Kind
-from spark_cnn.sidecar.runner import ModelRegistry, ModelRunner, resolve_device
-from spark_cnn.sidecar.work_queue import WorkQueue
+from spark_cnn.sidecar.runner import ModelRegistry, resolve_device
+from spark_cnn.sidecar.service import InferRequest, ModelService
+from spark_cnn.sidecar.stats import JobStats
 
 log = logging.getLogger("spark_cnn.sidecar")
 
 # Until the tuner (perf/) decides, the batch size by device type. On the 2-core CPU host mobilenet_v3_small
 # ran fastest at batch 8 (129-188 img/s vs 58-79 at 1 and 86-100 at 64); GPUs want large batches.
 AUTO_BATCH_ROWS = {"cpu": 8, "cuda": 64}
-# How long a partial batch may wait for more rows: small against a CPU batch (~50 ms), enough to merge tasks.
-MAX_BATCH_DELAY_S = 0.01
-# Queue bound, in batches: enough to keep the device busy while clients refill, small enough for memory
-# (8 x 64 rows x 150 KB = 77 MB at 224 px on a GPU).
-MAX_QUEUED_BATCHES = 8
 # How often the main thread checks the executor process and the idle timer.
 WATCH_INTERVAL_S = 0.5
 
@@ -53,109 +52,7 @@ class SidecarSettings:
     watch: ProcessId | None = None  # exit when this process (the executor JVM) is gone
     app_id: str = ""
     executor_id: str = ""
-
-
-class JobStats:
-    """Counters per job id (a sidecar may outlive a job and serve the next one)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._jobs: dict[str, dict] = defaultdict(self._zero)
-
-    @staticmethod
-    def _zero() -> dict:
-        return {"batch_size": None, "requests": 0, "images": 0, "batches": 0, "batch_rows": 0, "errors": 0,
-                "device_s": 0.0}
-
-    def start(self, job: str, batch_rows: int) -> None:
-        with self._lock:
-            self._jobs[job]["batch_size"] = batch_rows
-
-    def request(self, job: str, rows: int) -> None:
-        with self._lock:
-            self._jobs[job]["requests"] += 1
-            self._jobs[job]["images"] += rows
-
-    def error(self, job: str) -> None:
-        with self._lock:
-            self._jobs[job]["errors"] += 1
-
-    def batch(self, jobs: set[str], rows: int, device_s: float) -> None:
-        with self._lock:
-            for job in jobs:
-                counters = self._jobs[job]
-                counters["batches"] += 1
-                counters["batch_rows"] += rows
-                counters["device_s"] += device_s
-
-    def snapshot(self, job: str) -> dict:
-        with self._lock:
-            counters = dict(self._jobs.get(job) or self._zero())
-        batches = counters.pop("batch_rows"), counters["batches"]
-        counters["mean_batch_size"] = round(batches[0] / batches[1], 2) if batches[1] else 0.0
-        counters["device_s"] = round(counters["device_s"], 3)
-        return counters
-
-
-class InferRequest:
-    """One INFER message in flight: its pixels, and the output rows gathered so far from device batches."""
-
-    __slots__ = ("conn", "request_id", "job", "pixels", "rows", "chunks", "done_rows", "failed")
-
-    def __init__(self, conn: Connection, request_id: int, job: str, pixels: np.ndarray):
-        self.conn, self.request_id, self.job, self.pixels = conn, request_id, job, pixels
-        self.rows = len(pixels)
-        self.chunks: list[dict] = []
-        self.done_rows = 0
-        self.failed = False
-
-    def deliver(self, outputs: dict[str, np.ndarray]) -> None:
-        self.chunks.append(outputs)
-        self.done_rows += len(next(iter(outputs.values())))
-        if self.done_rows == self.rows:
-            merged = self.chunks[0] if len(self.chunks) == 1 else {
-                key: np.concatenate([chunk[key] for chunk in self.chunks]) for key in self.chunks[0]}
-            self.conn.send(Kind.RESULT, self.request_id, protocol.encode_outputs(merged))
-            self.chunks = []
-
-    def fail(self, message: str) -> None:
-        if not self.failed:
-            self.failed = True
-            self.conn.send_json(Kind.ERROR, self.request_id, {"message": message})
-
-
-class ModelService:
-    """One served model: its runner, its work queue and the device thread between them."""
-
-    def __init__(self, runner: ModelRunner, target_rows: int, stats: JobStats):
-        self.runner = runner
-        self.stats = stats
-        self.queue = WorkQueue(target_rows, MAX_BATCH_DELAY_S, MAX_QUEUED_BATCHES * target_rows)
-        self._thread = threading.Thread(target=self._device_loop, name="device", daemon=True)
-        self._thread.start()
-
-    def _device_loop(self) -> None:
-        while True:
-            batch = self.queue.get_batch(timeout=WATCH_INTERVAL_S)
-            if not batch:
-                continue
-            parts = [s.request.pixels[s.start:s.stop] for s in batch]
-            pixels = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            started = time.perf_counter()
-            try:
-                outputs = self.runner.run(pixels)
-            except Exception as e:  # a failed batch fails its requests, never the sidecar
-                log.exception("batch of %d rows failed", len(pixels))
-                for s in batch:
-                    self.stats.error(s.request.job)
-                    s.request.fail(f"model failed on a batch of {len(pixels)}: {type(e).__name__}: {e}")
-                continue
-            self.stats.batch({s.request.job for s in batch}, len(pixels), time.perf_counter() - started)
-            offset = 0
-            for s in batch:
-                if not s.request.failed:
-                    s.request.deliver({k: v[offset:offset + s.rows] for k, v in outputs.items()})
-                offset += s.rows
+    threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default (all cores)
 
 
 class Connection:
@@ -183,12 +80,12 @@ class Connection:
     def serve(self) -> None:
         self._writer.start()
         try:
-            service, job = self._handshake()
+            service, job, decode = self._handshake()
             while True:
                 frame = protocol.recv_frame(self.sock)
                 self.server.touch()
                 if frame.kind == Kind.INFER:
-                    self._infer(service, job, frame)
+                    self._infer(service, job, decode, frame)
                 elif frame.kind == Kind.STATS:
                     self.send_json(Kind.STATS_REPLY, frame.request_id, self.server.describe(frame.json()["job"]))
                 else:
@@ -204,7 +101,7 @@ class Connection:
             self.sock.close()
             self.server.connection_closed()
 
-    def _handshake(self) -> tuple[ModelService, str]:
+    def _handshake(self) -> tuple[ModelService, str, str]:
         frame = protocol.recv_frame(self.sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
         if frame.kind != Kind.HELLO:
             raise SidecarError(f"expected HELLO first, got {frame.kind.name}")
@@ -213,36 +110,54 @@ class Connection:
             log.warning("refused a client with a wrong token")
             raise SidecarError("refused: wrong sidecar token")
         job = str(hello.get("job", ""))
-        service = self.server.service_for(Endpoint.from_json(hello["endpoint"]), hello.get("batch_size"))
-        self.server.stats.start(job, service.queue.target_rows)
+        decode = hello.get("decode") or "task"
+        if decode not in DECODE_PLACES:
+            raise ConfigError(f"--decode {decode}: expected one of {', '.join(DECODE_PLACES)}")
+        if decode == "gpu" and self.server.device.type != "cuda":
+            raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
+        service = self.server.service_for(Endpoint.from_json(hello["endpoint"]),
+                                          RunOptions.from_dict(hello.get("options")))
+        self.server.stats.start(job, service.target_rows, service.runner.precision)
         self.send_json(Kind.READY, frame.request_id, {"pid": os.getpid(), "device": str(self.server.device),
-                                                      "batch_size": service.queue.target_rows})
-        return service, job
+                                                      "batch_size": service.target_rows,
+                                                      "precision": service.runner.precision})
+        return service, job, decode
 
-    def _infer(self, service: ModelService, job: str, frame: protocol.Frame) -> None:
+    def _infer(self, service: ModelService, job: str, decode: str, frame: protocol.Frame) -> None:
+        prep = service.runner.endpoint.preprocessing
+        row_errors = None
         try:
-            pixels = protocol.decode_pixels(frame.payload)
-            expected = service.runner.endpoint.preprocessing.pixel_shape
-            if pixels.shape[1:] != expected:
-                raise SidecarError(f"images of shape {pixels.shape[1:]}, the model expects {expected}")
-            if not len(pixels):
+            images = protocol.decode_request(frame.payload)
+            if not len(images):
                 raise SidecarError("an INFER request with no images")
+            if isinstance(images, np.ndarray):
+                if images.shape[1:] != prep.pixel_shape:
+                    raise SidecarError(f"images of shape {images.shape[1:]}, the model expects {prep.pixel_shape}")
+                pixels = images
+            elif decode == "gpu":
+                pixels, row_errors = decode_on_gpu(images, prep, self.server.device)
+            else:  # files sent with --decode task still decode here: the client chose not to
+                pixels, row_errors = decode_on_host(images, prep)
         except Exception as e:
             self.server.stats.error(job)
             self.send_json(Kind.ERROR, frame.request_id, {"message": f"bad request: {e}"})
             return
-        self.server.stats.request(job, len(pixels))
-        service.queue.put(InferRequest(self, frame.request_id, job, pixels), len(pixels))
+        self.server.stats.request(job, len(row_errors) if row_errors is not None else len(pixels))
+        service.submit(InferRequest(self, frame.request_id, job, pixels, row_errors))
 
 
 class SidecarServer:
     def __init__(self, settings: SidecarSettings):
         self.settings = settings
         self.device = resolve_device(settings.device)
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # batches have one shape (the target size) almost always
         self.token = secrets.token_hex(16)
         self.stats = JobStats()
         self._registry = ModelRegistry(self.device)
-        self._services: dict[tuple[str, int], ModelService] = {}
+        self._services: dict[tuple, ModelService] = {}
         self._services_lock = threading.Lock()
         self._connections = 0
         self._last_activity = time.monotonic()
@@ -252,20 +167,21 @@ class SidecarServer:
 
     # --- used by connections ---
 
-    def service_for(self, endpoint: Endpoint, batch_size: int | None = None) -> ModelService:
-        """The queue and device thread for this model at this batch size (the model itself is loaded once)."""
-        rows = int(batch_size) if batch_size else self.auto_batch_rows
-        if rows < 1:
-            raise SidecarError(f"batch size must be positive, got {rows}")
+    def service_for(self, endpoint: Endpoint, options: RunOptions | None = None) -> ModelService:
+        """The queue and pipeline for this model with these options (the model is loaded once per options)."""
+        options = options or RunOptions()
+        rows = int(options.batch_size) if options.batch_size else self.auto_batch_rows
+        key = (endpoint.fingerprint, *options.model_key(), rows)
         with self._services_lock:
-            service = self._services.get((endpoint.fingerprint, rows))
+            service = self._services.get(key)
             if service is None:
                 started = time.perf_counter()
-                runner, loaded = self._registry.get(endpoint)
+                runner, loaded = self._registry.get(endpoint, options)
                 service = ModelService(runner, rows, self.stats)
-                self._services[(endpoint.fingerprint, rows)] = service
-                log.info("%s %s (%s) on %s in %.1f s, batch size %d", "loaded" if loaded else "serving",
-                         endpoint.source, endpoint.fingerprint, self.device, time.perf_counter() - started, rows)
+                self._services[key] = service
+                log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
+                         "loaded" if loaded else "serving", endpoint.source, endpoint.fingerprint, self.device,
+                         time.perf_counter() - started, rows, runner.precision, runner.channels_last)
             return service
 
     def describe(self, job: str) -> dict:

@@ -25,6 +25,12 @@ class WorkQueue:
     def target_rows(self) -> int:
         return self._planner.target_rows
 
+    def set_target(self, target_rows: int) -> None:
+        """Change the batch size for batches formed from now on (e.g. after an out-of-memory back-off)."""
+        with self._cond:
+            self._planner.target_rows = max(1, target_rows)
+            self._cond.notify_all()
+
     @property
     def queued_rows(self) -> int:
         with self._cond:

@@ -71,8 +71,10 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
         job_id = uuid.uuid4().hex[:12]
         plan = InferencePlan(
             endpoint=resolved.endpoint,
-            launch=LaunchOptions(app_id=app_id, device=config.device, idle_timeout_s=config.idle_timeout_s),
-            job_id=job_id, batch_size=config.batch_size, on_error=config.on_error, label_names=labels,
+            launch=LaunchOptions(app_id=app_id, device=config.device, idle_timeout_s=config.idle_timeout_s,
+                                 threads=config.threads),
+            job_id=job_id, options=config.run_options.to_dict(), decode=config.decode, on_error=config.on_error,
+            label_names=labels,
             request_rows=config.request_rows, max_in_flight=config.max_in_flight)
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
         outputs = read_images(spark, input_uri).mapInArrow(
@@ -145,7 +147,7 @@ def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, con
     return {
         "images": images, "ok": ok_rows, "errors": images - ok_rows,
         "elapsed_s": round(elapsed, 3), "images_per_s": round(images / elapsed, 2) if elapsed else None,
-        "batch_size": config.batch_size or (batch_sizes[-1] if batch_sizes else None),
+        "batch_size": batch_sizes[-1] if batch_sizes else config.batch_size,  # after any out-of-memory back-off
         "accuracy": accuracy,
         "sidecars": sorted(sidecars, key=lambda s: (s["host"], str(s["executor"]))),
     }

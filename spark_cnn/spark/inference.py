@@ -1,9 +1,9 @@
 """The Spark task side of inference: a mapInArrow function that streams a partition through the sidecar.
 
 Each task decodes its images to uint8 pixels (Spark runs tasks in parallel processes, so decoding scales with
-cores), sends them to its executor's sidecar in requests of a few rows with several in flight, and turns the
-replies into output rows: one row per input row, in input order, with `error` set where an image failed.
-No torch here: tasks stay light.
+cores) or, with `decode` set to `sidecar` or `gpu`, sends the files for the sidecar to decode. Requests of a
+few rows go to the executor's sidecar with several in flight, and the replies become output rows: one row
+per input row, in input order, with `error` set where an image failed. No torch here: tasks stay light.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
@@ -21,6 +22,7 @@ from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar.client import SidecarClient, map_ordered
 from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
+from spark_cnn.sidecar.protocol import ERROR_COLUMN
 from spark_cnn.spark.stats import sidecar_key
 
 INPUT_COLUMNS = ("path", "content")
@@ -57,7 +59,8 @@ class InferencePlan:
     endpoint: Endpoint
     launch: LaunchOptions
     job_id: str
-    batch_size: int | None = None
+    options: dict = field(default_factory=dict)  # runner.RunOptions fields: batch_size, precision, ...
+    decode: str = "task"  # task | sidecar | gpu
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
     request_rows: int = 16
@@ -88,7 +91,8 @@ class PartitionInference:
         plan = self.plan
         endpoint = plan.endpoint.localised(_shipped_file)
         info = ensure_sidecar(_with_task_device(plan.launch))
-        with SidecarClient(info.socket, info.token, endpoint, plan.job_id, batch_size=plan.batch_size) as client:
+        with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
+                           decode=plan.decode) as client:
             for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
                 if rows is None:
                     yield self._assemble(state)
@@ -98,34 +102,55 @@ class PartitionInference:
                     for row in rows:
                         state.errors[row] = str(reply)
                 else:
-                    state.results.append((rows, reply))
+                    self._take_reply(state, rows, reply)
             if self.stats is not None:
                 snapshot = client.stats(plan.job_id)
                 self.stats.add({sidecar_key(snapshot): snapshot})
 
+    def _take_reply(self, state: _BatchState, rows: list[int], reply: pa.RecordBatch) -> None:
+        """Outputs of one request; rows the sidecar could not decode carry an error instead."""
+        if ERROR_COLUMN in reply.schema.names:
+            errors = reply.column(ERROR_COLUMN)
+            for row, error in zip(rows, errors.to_pylist(), strict=True):
+                if error is not None:
+                    if self.plan.on_error == "fail":
+                        raise ImageError(f"{state.paths[row]}: {error}")
+                    state.errors[row] = error
+            fine = pc.is_null(errors)
+            rows = [row for row, ok in zip(rows, fine.to_pylist(), strict=True) if ok]
+            reply = reply.filter(fine).drop_columns([ERROR_COLUMN])
+        if rows:
+            state.results.append((rows, reply))
+
     def _work_items(self, batches: Iterator[pa.RecordBatch]):
-        """(state, rows), pixels per request; then (state, None), None to mark the end of each input batch."""
+        """(state, rows), images per request; then (state, None), None to mark the end of each input batch.
+
+        Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
         prep = self.plan.endpoint.preprocessing
+        decode_here = self.plan.decode == "task"
         for batch in batches:
             paths = batch.column(INPUT_COLUMNS[0]).to_pylist()
             contents = batch.column(INPUT_COLUMNS[1])
             state = _BatchState(paths, [None] * len(paths))
             rows: list[int] = []
-            pixels: list[np.ndarray] = []
+            images: list = []
             for i, path in enumerate(paths):
-                try:
-                    pixels.append(preprocess_pixels(contents[i].as_py(), prep))
-                except ImageError as e:
-                    if self.plan.on_error == "fail":
-                        raise ImageError(f"{path}: {e}") from e
-                    state.errors[i] = str(e)
-                    continue
+                data = contents[i].as_py()
+                if decode_here:
+                    try:
+                        data = preprocess_pixels(data, prep)
+                    except ImageError as e:
+                        if self.plan.on_error == "fail":
+                            raise ImageError(f"{path}: {e}") from e
+                        state.errors[i] = str(e)
+                        continue
                 rows.append(i)
+                images.append(data)
                 if len(rows) == self.plan.request_rows:
-                    yield (state, rows), np.stack(pixels)
-                    rows, pixels = [], []
+                    yield (state, rows), np.stack(images) if decode_here else images
+                    rows, images = [], []
             if rows:
-                yield (state, rows), np.stack(pixels)
+                yield (state, rows), np.stack(images) if decode_here else images
             yield (state, None), None
 
     def _assemble(self, state: _BatchState) -> pa.RecordBatch:

@@ -1,0 +1,1 @@
+"""Benchmarks run as commands (`spark-cnn bench-sidecar`), never as timed tests."""

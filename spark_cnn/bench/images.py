@@ -1,0 +1,42 @@
+"""Benchmark images: JPEG crops cut from photos shipped in installed packages, never committed.
+
+scikit-learn's sample photos are used when scikit-learn is installed; a machine without it (the GPU host
+has only torch, torchvision and pyarrow) gets procedurally drawn images of the same size instead.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+BENCH_IMAGE_SIZE = 320  # px, square: the size the Spark benchmark uses too
+JPEG_QUALITY = 90
+
+
+def _source_photos() -> list[np.ndarray]:
+    try:
+        from sklearn.datasets import load_sample_image
+    except ImportError:
+        rng = np.random.default_rng(0)
+        y, x = np.mgrid[0:480, 0:640]
+        return [np.stack([(x * (i + 1) // 3) % 256, (y * (i + 2) // 3) % 256,
+                          rng.integers(0, 256, (480, 640))], axis=-1).astype(np.uint8) for i in range(2)]
+    return [load_sample_image("china.jpg"), load_sample_image("flower.jpg")]
+
+
+def bench_jpegs(count: int, seed: int = 0) -> list[bytes]:
+    """`count` JPEG files of BENCH_IMAGE_SIZE px squares at random offsets in the source photos."""
+    rng = np.random.default_rng(seed)
+    photos = _source_photos()
+    files = []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        top = int(rng.integers(0, photo.shape[0] - BENCH_IMAGE_SIZE + 1))
+        left = int(rng.integers(0, photo.shape[1] - BENCH_IMAGE_SIZE + 1))
+        crop = Image.fromarray(photo[top:top + BENCH_IMAGE_SIZE, left:left + BENCH_IMAGE_SIZE])
+        buf = io.BytesIO()
+        crop.save(buf, format="JPEG", quality=JPEG_QUALITY)
+        files.append(buf.getvalue())
+    return files

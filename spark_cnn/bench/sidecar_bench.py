@@ -1,0 +1,191 @@
+"""`spark-cnn bench-sidecar`: one sidecar, K client processes, dynamic batching on vs off vs the device alone.
+
+K client processes (separate processes, like Spark's Python workers) each keep requests of R images in
+flight against one sidecar. `off` runs every request alone (the target batch is R, so nothing merges);
+`on` lets the batcher merge requests of all clients into batches of the target size (auto or --batch-size);
+`device_only` runs the model in this process on ready-made batches of that same size: the rate the sidecar
+would reach if serving cost nothing. Modes alternate over rounds so drift hits both alike; images/s are
+means over rounds, each measured after a warm-up. No Spark and no Java are needed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from spark_cnn.bench.images import bench_jpegs
+from spark_cnn.imaging.preprocess import preprocess_pixels
+from spark_cnn.models.spec import Endpoint
+from spark_cnn.sidecar.client import SidecarClient, map_ordered
+from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
+from spark_cnn.sidecar.options import RunOptions
+from spark_cnn.sidecar.procs import ExecutorProcess, process_id
+
+# Distinct images the clients cycle through: enough that no cache makes repeats free.
+BENCH_IMAGES = 32
+CLIENT_START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class SidecarBenchConfig:
+    model: str = "mobilenet_v3_small"
+    clients: int = 4
+    request_size: int = 1
+    batch_size: int | None = None  # the `on` target; None: the sidecar's choice for its device
+    device: str = "auto"
+    decode: str = "task"
+    precision: str = "auto"
+    channels_last: bool | None = None
+    compile: bool = False
+    threads: int | None = None
+    warmup_s: float = 3.0
+    measure_s: float = 10.0
+    rounds: int = 2
+    max_in_flight: int = 4
+
+
+def machine_info(device: str) -> str:
+    cpu = f"{os.cpu_count()} CPU cores, {platform.machine()}, {platform.system()}"
+    if device.startswith("cuda"):
+        import torch
+
+        return f"{torch.cuda.get_device_name(torch.device(device))}; {cpu}"
+    return cpu
+
+
+def _client_main(socket_path: str, token: str, endpoint_json: str, job: str, options: dict, decode: str,
+                 images: list, request_size: int, max_in_flight: int, window, ready, go, results) -> None:
+    """One client process: keep requests in flight until the window closes; report images done inside it."""
+    endpoint = Endpoint.from_json(endpoint_json)
+    with SidecarClient(socket_path, token, endpoint, job, options=options, decode=decode) as client:
+        ready.put(os.getpid())
+        go.wait()
+        start, end = window[0], window[1]
+
+        def requests():
+            i = 0
+            while time.time() < end:
+                chunk = [images[(i + j) % len(images)] for j in range(request_size)]
+                i += request_size
+                yield None, np.stack(chunk) if isinstance(chunk[0], np.ndarray) else chunk
+
+        done = 0
+        for _, reply in map_ordered(client, requests(), max_in_flight):
+            if isinstance(reply, Exception):
+                raise reply
+            if start <= time.time() <= end:
+                done += reply.num_rows
+    results.put(done)
+
+
+def _drive(cfg: SidecarBenchConfig, info, endpoint: Endpoint, options: RunOptions, images: list) -> dict:
+    """One measured mode: K client processes against the sidecar. Returns images/s and the sidecar's stats."""
+    ctx = mp.get_context("spawn")  # fresh interpreters, like Spark's Python workers; no inherited threads
+    job = f"bench-{uuid.uuid4().hex[:8]}"
+    window, ready, go, results = ctx.Array("d", 2), ctx.Queue(), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_client_main, daemon=True, args=(
+        info.socket, info.token, endpoint.to_json(), job, options.to_dict(), cfg.decode, images, cfg.request_size,
+        cfg.max_in_flight, window, ready, go, results)) for _ in range(cfg.clients)]
+    for proc in procs:
+        proc.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=CLIENT_START_TIMEOUT_S)
+        window[0] = time.time() + cfg.warmup_s
+        window[1] = window[0] + cfg.measure_s
+        go.set()
+        done = sum(results.get(timeout=cfg.warmup_s + cfg.measure_s + CLIENT_START_TIMEOUT_S) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    with SidecarClient(info.socket, info.token, endpoint, job, options=options.to_dict()) as client:
+        stats = client.stats(job)
+    return {"images_per_s": done / cfg.measure_s, "mean_batch_size": stats["mean_batch_size"],
+            "batch_size": stats["batch_size"], "precision": stats["precision"]}
+
+
+def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_size: int, pixels: np.ndarray,
+                 cfg: SidecarBenchConfig) -> float:
+    """The model alone, in this process, on ready-made batches: upload + forward + download per batch."""
+    import torch
+
+    from spark_cnn.sidecar.runner import ModelRunner, resolve_device
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    runner = ModelRunner(endpoint, resolve_device(device), options)
+    batch = pixels[np.arange(batch_size) % len(pixels)]
+    for _ in range(3):
+        runner.run(batch)  # warm-up: allocator, cuDNN autotuning, the precision probe
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < cfg.measure_s / 2:
+        runner.run(batch)
+        done += batch_size
+    return done / (time.perf_counter() - started)
+
+
+def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
+    """Run the benchmark; returns the JSON document (keys `on`, `off`, `device_only`, images/s, and context)."""
+    import torch
+    import torchvision
+
+    from spark_cnn.models.resolve import resolve_endpoint
+    from spark_cnn.models.spec import ModelSpec
+
+    workdir = tempfile.mkdtemp(prefix="scnb")
+    previous_runtime_dir = os.environ.get(RUNTIME_DIR_ENV)
+    os.environ[RUNTIME_DIR_ENV] = os.path.join(workdir, "rt")  # a private sidecar, whatever else runs here
+    app_id = f"bench-sidecar-{uuid.uuid4().hex[:8]}"
+    try:
+        torch.manual_seed(0)
+        weights = os.path.join(workdir, f"{cfg.model}.pt")
+        torch.save(torchvision.models.get_model(cfg.model, weights=None).state_dict(), weights)
+        endpoint = resolve_endpoint(ModelSpec(cfg.model, weights)).endpoint
+        files = bench_jpegs(BENCH_IMAGES)
+        pixels = np.stack([preprocess_pixels(f, endpoint.preprocessing) for f in files])
+        images = list(pixels) if cfg.decode == "task" else files
+        run = RunOptions(precision=cfg.precision, channels_last=cfg.channels_last, compile=cfg.compile)
+        off = RunOptions(**{**run.to_dict(), "batch_size": cfg.request_size})
+        on = RunOptions(**{**run.to_dict(), "batch_size": cfg.batch_size})
+
+        me = ExecutorProcess(process_id(os.getpid()), "bench")  # the sidecar exits if this process dies
+        info = ensure_sidecar(LaunchOptions(app_id=app_id, device=cfg.device, threads=cfg.threads), me)
+        log(f"sidecar pid {info.pid} on {info.device}; {cfg.clients} clients x requests of {cfg.request_size}, "
+            f"decode in {cfg.decode}, {cfg.rounds} rounds of {cfg.warmup_s:.0f} s warm-up + {cfg.measure_s:.0f} s")
+        rounds = []
+        for i in range(cfg.rounds):
+            for mode, options in (("off", off), ("on", on)):
+                result = _drive(cfg, info, endpoint, options, images)
+                rounds.append({"round": i, "mode": mode, **result})
+                log(f"  round {i} {mode:3s}: {result['images_per_s']:8.1f} img/s, mean batch "
+                    f"{result['mean_batch_size']:.1f}")
+        stop_sidecars(app_id)
+        on_batch = max(r["batch_size"] for r in rounds if r["mode"] == "on")
+        device_only = _device_only(endpoint, info.device, on, on_batch, pixels, cfg)
+        log(f"  device only at batch {on_batch}: {device_only:8.1f} img/s")
+        mean = {mode: statistics.mean(r["images_per_s"] for r in rounds if r["mode"] == mode) for mode in ("on", "off")}
+        return {
+            "on": round(mean["on"], 2), "off": round(mean["off"], 2), "device_only": round(device_only, 2),
+            "on_over_off": round(mean["on"] / mean["off"], 3),
+            "on_over_device_only": round(mean["on"] / device_only, 3),
+            "batch_size": on_batch, "machine": machine_info(info.device), "device": info.device,
+            "config": asdict(cfg), "rounds": rounds,
+        }
+    finally:
+        stop_sidecars(app_id)
+        if previous_runtime_dir is None:
+            os.environ.pop(RUNTIME_DIR_ENV, None)
+        else:
+            os.environ[RUNTIME_DIR_ENV] = previous_runtime_dir
+        shutil.rmtree(workdir, ignore_errors=True)

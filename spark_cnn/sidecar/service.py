@@ -1,0 +1,191 @@
+"""One served model in the sidecar: its work queue and the three pipeline threads behind it.
+
+    connections --put--> WorkQueue --assemble--> [staged] --compute--> [computed] --deliver--> replies
+                          (batcher)   concat +     <= 2     forward,     <= 2      wait for copies,
+                                      upload                OOM back-off           split per request
+
+Each stage runs in its own thread, so assembling and uploading batch n+1 and delivering batch n-1 overlap
+with computing batch n (torch releases the GIL while it computes). The small queues between stages bound
+the work in flight. Connections are any object with `send(kind, request_id, payload)` and
+`send_json(kind, request_id, dict)`, so the service runs in-process in tests without sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import torch
+
+from spark_cnn.sidecar import protocol
+from spark_cnn.sidecar.batcher import Slice
+from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, is_out_of_memory
+from spark_cnn.sidecar.stats import JobStats
+from spark_cnn.sidecar.work_queue import WorkQueue
+
+log = logging.getLogger("spark_cnn.sidecar")
+
+# How long a partial batch may wait for more rows: small against a CPU batch (~50 ms), enough to merge tasks.
+MAX_BATCH_DELAY_S = 0.01
+# Queue bound, in batches: enough to keep the device busy while clients refill, small enough for memory
+# (8 x 64 rows x 150 KB = 77 MB at 224 px on a GPU).
+MAX_QUEUED_BATCHES = 8
+# Batches between pipeline stages: one being worked on by the next stage, one ready behind it.
+PIPELINE_DEPTH = 2
+POLL_S = 0.5
+
+
+class InferRequest:
+    """One INFER message in flight: its pixels, and the output rows gathered so far from device batches.
+
+    `row_errors` holds, when the sidecar decoded the images itself, an error (or None) per original row;
+    `pixels` then holds only the rows that decoded, and the reply puts the failed rows back in place.
+    """
+
+    __slots__ = ("conn", "request_id", "job", "pixels", "rows", "row_errors", "arrived", "chunks", "done_rows",
+                 "failed")
+
+    def __init__(self, conn, request_id: int, job: str, pixels, row_errors: list | None = None):
+        self.conn, self.request_id, self.job, self.pixels = conn, request_id, job, pixels
+        self.rows = len(pixels)
+        self.row_errors = row_errors
+        self.arrived = time.monotonic()
+        self.chunks: list[dict] = []
+        self.done_rows = 0
+        self.failed = False
+
+    def deliver(self, outputs: dict[str, np.ndarray]) -> None:
+        """Outputs for the next rows of this request; replies once all rows have them."""
+        self.chunks.append(outputs)
+        self.done_rows += len(next(iter(outputs.values())))
+        if self.done_rows == self.rows:
+            merged = self.chunks[0] if len(self.chunks) == 1 else {
+                key: np.concatenate([chunk[key] for chunk in self.chunks]) for key in self.chunks[0]}
+            self.chunks = []
+            self.reply(merged)
+
+    def reply(self, outputs: dict[str, np.ndarray]) -> None:
+        self.conn.send(Kind.RESULT, self.request_id, protocol.encode_outputs(outputs, self.row_errors))
+
+    def fail(self, message: str) -> None:
+        if not self.failed:
+            self.failed = True
+            self.conn.send_json(Kind.ERROR, self.request_id, {"message": message})
+
+
+def _concat(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], torch.Tensor):
+        return torch.cat(parts)
+    return np.concatenate(parts)
+
+
+class ModelService:
+    """Queue + pipeline for one runner at one target batch size."""
+
+    def __init__(self, runner: ModelRunner, target_rows: int, stats: JobStats, *,
+                 max_delay_s: float = MAX_BATCH_DELAY_S, max_queued_batches: int = MAX_QUEUED_BATCHES):
+        self.runner = runner
+        self.stats = stats
+        self.queue = WorkQueue(target_rows, max_delay_s, max_queued_batches * target_rows)
+        self._staged: queue.Queue = queue.Queue(PIPELINE_DEPTH)
+        self._computed: queue.Queue = queue.Queue(PIPELINE_DEPTH)
+        self._threads = [threading.Thread(target=loop, name=f"{loop.__name__.strip('_')}", daemon=True)
+                         for loop in (self._assemble_loop, self._compute_loop, self._deliver_loop)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def target_rows(self) -> int:
+        return self.queue.target_rows
+
+    def submit(self, request: InferRequest) -> None:
+        """Queue a request; blocks while the queue is full (backpressure). An all-failed request replies now."""
+        if request.rows == 0:
+            request.reply({})
+            return
+        self.queue.put(request, request.rows)
+
+    def _assemble_loop(self) -> None:
+        while True:
+            batch = self.queue.get_batch(timeout=POLL_S)
+            if not batch:
+                continue
+            now = time.monotonic()
+            for s in batch:
+                if s.start == 0:
+                    self.stats.queue_wait(s.request.job, now - s.request.arrived)
+            try:
+                staged = self.runner.upload(_concat([s.request.pixels[s.start:s.stop] for s in batch]))
+            except Exception as e:
+                self._fail(batch, e)
+                continue
+            self._staged.put((batch, staged))
+
+    def _compute_loop(self) -> None:
+        while True:
+            batch, staged = self._staged.get()
+            started = time.perf_counter()
+            try:
+                pending = self._forward_with_backoff(batch, staged)
+            except Exception as e:
+                self._fail(batch, e)
+                continue
+            self._computed.put((batch, pending, started))
+
+    def _forward_with_backoff(self, batch: list[Slice], staged: Staged) -> Pending:
+        """Forward the batch; on out-of-memory, run it in halves and lower the target for what follows."""
+        try:
+            return self.runner.forward(staged)
+        except Exception as e:
+            rows = len(staged.pixels)
+            if not is_out_of_memory(e) or rows == 1:
+                raise
+        half = rows // 2
+        if self.queue.target_rows > half:
+            self.queue.set_target(half)
+            self.stats.oom_backoff({s.request.job for s in batch}, half)
+            log.warning("out of memory at batch %d: halving to %d for the rest of the job", rows, half)
+        if self.runner.cuda:
+            torch.cuda.empty_cache()
+        parts = [self._forward_with_backoff(batch, Staged(staged.pixels[i:i + half], staged.ready))
+                 for i in range(0, rows, half)]
+        if len(parts) == 1:
+            return parts[0]
+        for part in parts:
+            if part.done is not None:
+                part.done.synchronize()
+        return Pending({k: torch.cat([p.outputs[k] for p in parts]) for k in parts[0].outputs})
+
+    def _deliver_loop(self) -> None:
+        while True:
+            batch, pending, started = self._computed.get()
+            try:
+                outputs = self.runner.download(pending)
+            except Exception as e:
+                self._fail(batch, e)
+                continue
+            job_rows: Counter = Counter()
+            for s in batch:
+                job_rows[s.request.job] += s.rows
+            self.stats.batch(job_rows, sum(job_rows.values()), time.perf_counter() - started)
+            offset = 0
+            for s in batch:
+                if not s.request.failed:
+                    s.request.deliver({k: v[offset:offset + s.rows] for k, v in outputs.items()})
+                offset += s.rows
+
+    def _fail(self, batch: list[Slice], error: Exception) -> None:
+        """A failed batch fails its requests, never the sidecar."""
+        rows = sum(s.rows for s in batch)
+        log.error("batch of %d rows failed: %s: %s", rows, type(error).__name__, error)
+        for s in batch:
+            if not s.request.failed:
+                self.stats.error(s.request.job)
+            s.request.fail(f"model failed on a batch of {rows}: {type(error).__name__}: {error}")

@@ -1,0 +1,72 @@
+"""Per-job counters of a sidecar: what reaches the job summary. Pure bookkeeping behind one lock."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+
+
+class JobStats:
+    """Counters per job id (a sidecar may outlive a job and serve the next one).
+
+    >>> stats = JobStats()
+    >>> stats.request("j", rows=3); stats.batch({"j": 3}, rows=8, device_s=0.01)
+    >>> stats.snapshot("j")["mean_batch_size"]
+    8.0
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._jobs: dict[str, dict] = defaultdict(self._zero)
+
+    @staticmethod
+    def _zero() -> dict:
+        return {"batch_size": None, "precision": None, "requests": 0, "images": 0, "batches": 0, "batch_rows": 0,
+                "errors": 0, "oom_backoffs": 0, "device_s": 0.0, "queue_wait_s": 0.0, "waits": 0,
+                "histogram": Counter()}
+
+    def start(self, job: str, batch_rows: int, precision: str) -> None:
+        with self._lock:
+            self._jobs[job]["batch_size"] = batch_rows
+            self._jobs[job]["precision"] = precision
+
+    def request(self, job: str, rows: int) -> None:
+        with self._lock:
+            self._jobs[job]["requests"] += 1
+            self._jobs[job]["images"] += rows
+
+    def error(self, job: str) -> None:
+        with self._lock:
+            self._jobs[job]["errors"] += 1
+
+    def oom_backoff(self, jobs, new_target: int) -> None:
+        with self._lock:
+            for job in jobs:
+                self._jobs[job]["oom_backoffs"] += 1
+                self._jobs[job]["batch_size"] = new_target
+
+    def queue_wait(self, job: str, seconds: float) -> None:
+        """Time from a request's arrival to its first rows entering a device batch."""
+        with self._lock:
+            self._jobs[job]["queue_wait_s"] += seconds
+            self._jobs[job]["waits"] += 1
+
+    def batch(self, job_rows: dict[str, int], rows: int, device_s: float) -> None:
+        """One device batch of `rows` rows, holding `job_rows[job]` rows of each job."""
+        with self._lock:
+            for job in job_rows:
+                counters = self._jobs[job]
+                counters["batches"] += 1
+                counters["batch_rows"] += rows
+                counters["device_s"] += device_s
+                counters["histogram"][rows] += 1
+
+    def snapshot(self, job: str) -> dict:
+        with self._lock:
+            c = dict(self._jobs.get(job) or self._zero())
+            c["histogram"] = {str(size): n for size, n in sorted(c["histogram"].items())}
+        batch_rows, waits = c.pop("batch_rows"), c.pop("waits")
+        c["mean_batch_size"] = round(batch_rows / c["batches"], 2) if c["batches"] else 0.0
+        c["mean_queue_wait_ms"] = round(1000 * c.pop("queue_wait_s") / waits, 3) if waits else 0.0
+        c["device_s"] = round(c["device_s"], 3)
+        return c
