@@ -43,7 +43,7 @@ def _add_classify_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--compile", action="store_true", help="torch.compile the model in the sidecar")
     run.add_argument("--decode", default="task", choices=["task", "sidecar", "gpu"],
                      help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG)")
-    run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: all cores)")
+    run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: half the cores)")
     run.add_argument("--on-error", default="record", choices=["record", "fail"],
                      help="an unreadable image: record it in the error column, or fail the job")
     out = parser.add_argument_group("output")
@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=10.0, help="measured seconds per mode and round")
     bench.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each measurement")
     bench.add_argument("--rounds", type=int, default=2, help="off/on alternations (default 2)")
+    bench.add_argument("--in-flight", type=int, help="requests each client keeps in flight (default: 64 images' worth)")
     bench.add_argument("--json", help="write the results here")
 
     demo = commands.add_parser("demo", help="classify scikit-learn's digits with a small CNN trained on the spot")
@@ -140,7 +141,7 @@ def _run_bench_sidecar(args: argparse.Namespace) -> int:
         model=args.model, clients=args.clients, request_size=args.request_size,
         batch_size=parse_batch_size(args.batch_size), device=args.device, decode=args.decode,
         precision=args.precision, channels_last=args.channels_last, compile=args.compile, threads=args.threads,
-        warmup_s=args.warmup, measure_s=args.seconds, rounds=args.rounds)
+        warmup_s=args.warmup, measure_s=args.seconds, rounds=args.rounds, max_in_flight=args.in_flight)
     result = run_sidecar_bench(config)
     print(f"{config.model} on {result['machine']}")
     print(f"  on           {result['on']:9.1f} img/s  (batch {result['batch_size']})")

@@ -32,6 +32,9 @@ from spark_cnn.sidecar.procs import ExecutorProcess, process_id
 
 # Distinct images the clients cycle through: enough that no cache makes repeats free.
 BENCH_IMAGES = 32
+# Images each client keeps in flight, as a Spark task does (4 requests of 16 rows): with tiny requests the
+# client sends more of them, so K clients can fill several device batches between them.
+ROWS_IN_FLIGHT_PER_CLIENT = 64
 CLIENT_START_TIMEOUT_S = 120.0
 
 
@@ -50,7 +53,11 @@ class SidecarBenchConfig:
     warmup_s: float = 3.0
     measure_s: float = 10.0
     rounds: int = 2
-    max_in_flight: int = 4
+    max_in_flight: int | None = None  # requests per client; None: ROWS_IN_FLIGHT_PER_CLIENT worth of rows
+
+    @property
+    def requests_in_flight(self) -> int:
+        return self.max_in_flight or max(1, ROWS_IN_FLIGHT_PER_CLIENT // self.request_size)
 
 
 def machine_info(device: str) -> str:
@@ -94,7 +101,7 @@ def _drive(cfg: SidecarBenchConfig, info, endpoint: Endpoint, options: RunOption
     window, ready, go, results = ctx.Array("d", 2), ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_client_main, daemon=True, args=(
         info.socket, info.token, endpoint.to_json(), job, options.to_dict(), cfg.decode, images, cfg.request_size,
-        cfg.max_in_flight, window, ready, go, results)) for _ in range(cfg.clients)]
+        cfg.requests_in_flight, window, ready, go, results)) for _ in range(cfg.clients)]
     for proc in procs:
         proc.start()
     try:
@@ -120,11 +127,11 @@ def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_siz
     """The model alone, in this process, on ready-made batches: upload + forward + download per batch."""
     import torch
 
-    from spark_cnn.sidecar.runner import ModelRunner, resolve_device
+    from spark_cnn.sidecar.runner import ModelRunner, cpu_threads, resolve_device
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     runner = ModelRunner(endpoint, resolve_device(device), options)
+    if runner.device.type == "cpu":
+        torch.set_num_threads(cpu_threads(cfg.threads))  # the same count the sidecar ran with
     batch = pixels[np.arange(batch_size) % len(pixels)]
     for _ in range(3):
         runner.run(batch)  # warm-up: allocator, cuDNN autotuning, the precision probe
@@ -161,8 +168,9 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
 
         me = ExecutorProcess(process_id(os.getpid()), "bench")  # the sidecar exits if this process dies
         info = ensure_sidecar(LaunchOptions(app_id=app_id, device=cfg.device, threads=cfg.threads), me)
-        log(f"sidecar pid {info.pid} on {info.device}; {cfg.clients} clients x requests of {cfg.request_size}, "
-            f"decode in {cfg.decode}, {cfg.rounds} rounds of {cfg.warmup_s:.0f} s warm-up + {cfg.measure_s:.0f} s")
+        log(f"sidecar pid {info.pid} on {info.device}; {cfg.clients} clients x {cfg.requests_in_flight} requests "
+            f"of {cfg.request_size} in flight, decode in {cfg.decode}, {cfg.rounds} rounds of {cfg.warmup_s:.0f} s "
+            f"warm-up + {cfg.measure_s:.0f} s")
         rounds = []
         for i in range(cfg.rounds):
             for mode, options in (("off", off), ("on", on)):

@@ -35,6 +35,9 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     except Exception as e:
         raise ModelError(f"--model {spec.source} failed on a 1x3x{prep.crop}x{prep.crop} input "
                          f"({type(e).__name__}: {e}); check --crop/--resize for this model") from e
+    if out["logits"].dim() != 2:
+        raise ModelError(f"--model {spec.source} returned outputs of shape {tuple(out['logits'].shape)}; a "
+                         f"classifier must return logits of shape (batch, classes)")
     num_classes = int(out["logits"].shape[1])
     if top_k is None:
         top_k = min(DEFAULT_TOP_K, num_classes)

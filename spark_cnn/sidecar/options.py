@@ -26,7 +26,8 @@ class RunOptions:
     compile: bool = False
 
     def __post_init__(self) -> None:
-        if self.batch_size is not None and int(self.batch_size) < 1:
+        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
             raise ConfigError(f"--batch-size {self.batch_size}: expected auto or a positive integer")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision}: expected one of {', '.join(PRECISIONS)}")
@@ -36,6 +37,9 @@ class RunOptions:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> RunOptions:
+        unknown = set(data or {}) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown run option(s) {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}")
         return cls(**(data or {}))
 
     def model_key(self) -> tuple:

@@ -30,7 +30,7 @@ from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
 from spark_cnn.sidecar.procs import ProcessId, is_alive
 from spark_cnn.sidecar.protocol import Kind
-from spark_cnn.sidecar.runner import ModelRegistry, resolve_device
+from spark_cnn.sidecar.runner import ModelRegistry, cpu_threads, resolve_device
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.sidecar.stats import JobStats
 
@@ -52,7 +52,7 @@ class SidecarSettings:
     watch: ProcessId | None = None  # exit when this process (the executor JVM) is gone
     app_id: str = ""
     executor_id: str = ""
-    threads: int | None = None  # torch intra-op threads on the CPU; None: torch's default (all cores)
+    threads: int | None = None  # torch intra-op threads on the CPU; None: runner.cpu_threads' default
 
 
 class Connection:
@@ -150,8 +150,8 @@ class SidecarServer:
     def __init__(self, settings: SidecarSettings):
         self.settings = settings
         self.device = resolve_device(settings.device)
-        if settings.threads:
-            torch.set_num_threads(settings.threads)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads(settings.threads))
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # batches have one shape (the target size) almost always
         self.token = secrets.token_hex(16)

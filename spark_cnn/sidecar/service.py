@@ -1,12 +1,14 @@
 """One served model in the sidecar: its work queue and the three pipeline threads behind it.
 
     connections --put--> WorkQueue --assemble--> [staged] --compute--> [computed] --deliver--> replies
-                          (batcher)   concat +     <= 2     forward,     <= 2      wait for copies,
+                          (batcher)   concat +     1 ahead  forward,     <= 2      wait for copies,
                                       upload                OOM back-off           split per request
 
 Each stage runs in its own thread, so assembling and uploading batch n+1 and delivering batch n-1 overlap
-with computing batch n (torch releases the GIL while it computes). The small queues between stages bound
-the work in flight. Connections are any object with `send(kind, request_id, payload)` and
+with computing batch n (torch releases the GIL while it computes). The assembler takes a batch from the
+queue only when the staged slot is free: while the device is busy, requests keep gathering in the queue and
+the next batch leaves fuller (taking it early would release partial batches at the 10 ms deadline).
+Connections are any object with `send(kind, request_id, payload)` and
 `send_json(kind, request_id, dict)`, so the service runs in-process in tests without sockets.
 """
 
@@ -35,8 +37,11 @@ MAX_BATCH_DELAY_S = 0.01
 # Queue bound, in batches: enough to keep the device busy while clients refill, small enough for memory
 # (8 x 64 rows x 150 KB = 77 MB at 224 px on a GPU).
 MAX_QUEUED_BATCHES = 8
-# Batches between pipeline stages: one being worked on by the next stage, one ready behind it.
-PIPELINE_DEPTH = 2
+# Batches assembled and uploaded ahead of the one computing: one hides the upload; more would only take
+# batches from the queue before they are full.
+STAGED_AHEAD = 1
+# Computed batches waiting for their results to be copied back and sent.
+COMPUTED_AHEAD = 2
 POLL_S = 0.5
 
 
@@ -48,7 +53,7 @@ class InferRequest:
     """
 
     __slots__ = ("conn", "request_id", "job", "pixels", "rows", "row_errors", "arrived", "chunks", "done_rows",
-                 "failed")
+                 "failed", "_fail_lock")
 
     def __init__(self, conn, request_id: int, job: str, pixels, row_errors: list | None = None):
         self.conn, self.request_id, self.job, self.pixels = conn, request_id, job, pixels
@@ -58,6 +63,7 @@ class InferRequest:
         self.chunks: list[dict] = []
         self.done_rows = 0
         self.failed = False
+        self._fail_lock = threading.Lock()  # two stages may fail two batches of one split request at once
 
     def deliver(self, outputs: dict[str, np.ndarray]) -> None:
         """Outputs for the next rows of this request; replies once all rows have them."""
@@ -73,9 +79,11 @@ class InferRequest:
         self.conn.send(Kind.RESULT, self.request_id, protocol.encode_outputs(outputs, self.row_errors))
 
     def fail(self, message: str) -> None:
-        if not self.failed:
+        with self._fail_lock:
+            if self.failed:
+                return
             self.failed = True
-            self.conn.send_json(Kind.ERROR, self.request_id, {"message": message})
+        self.conn.send_json(Kind.ERROR, self.request_id, {"message": message})
 
 
 def _concat(parts: list):
@@ -94,8 +102,9 @@ class ModelService:
         self.runner = runner
         self.stats = stats
         self.queue = WorkQueue(target_rows, max_delay_s, max_queued_batches * target_rows)
-        self._staged: queue.Queue = queue.Queue(PIPELINE_DEPTH)
-        self._computed: queue.Queue = queue.Queue(PIPELINE_DEPTH)
+        self._staged: queue.Queue = queue.Queue()
+        self._staged_slots = threading.Semaphore(STAGED_AHEAD)
+        self._computed: queue.Queue = queue.Queue(COMPUTED_AHEAD)
         self._threads = [threading.Thread(target=loop, name=f"{loop.__name__.strip('_')}", daemon=True)
                          for loop in (self._assemble_loop, self._compute_loop, self._deliver_loop)]
         for thread in self._threads:
@@ -114,8 +123,10 @@ class ModelService:
 
     def _assemble_loop(self) -> None:
         while True:
+            self._staged_slots.acquire()
             batch = self.queue.get_batch(timeout=POLL_S)
             if not batch:
+                self._staged_slots.release()
                 continue
             now = time.monotonic()
             for s in batch:
@@ -124,6 +135,7 @@ class ModelService:
             try:
                 staged = self.runner.upload(_concat([s.request.pixels[s.start:s.stop] for s in batch]))
             except Exception as e:
+                self._staged_slots.release()
                 self._fail(batch, e)
                 continue
             self._staged.put((batch, staged))
@@ -131,6 +143,7 @@ class ModelService:
     def _compute_loop(self) -> None:
         while True:
             batch, staged = self._staged.get()
+            self._staged_slots.release()
             started = time.perf_counter()
             try:
                 pending = self._forward_with_backoff(batch, staged)
@@ -171,15 +184,18 @@ class ModelService:
             except Exception as e:
                 self._fail(batch, e)
                 continue
-            job_rows: Counter = Counter()
-            for s in batch:
-                job_rows[s.request.job] += s.rows
-            self.stats.batch(job_rows, sum(job_rows.values()), time.perf_counter() - started)
-            offset = 0
-            for s in batch:
-                if not s.request.failed:
-                    s.request.deliver({k: v[offset:offset + s.rows] for k, v in outputs.items()})
-                offset += s.rows
+            try:
+                job_rows: Counter = Counter()
+                for s in batch:
+                    job_rows[s.request.job] += s.rows
+                self.stats.batch(job_rows, sum(job_rows.values()), time.perf_counter() - started)
+                offset = 0
+                for s in batch:
+                    if not s.request.failed:
+                        s.request.deliver({k: v[offset:offset + s.rows] for k, v in outputs.items()})
+                    offset += s.rows
+            except Exception as e:  # e.g. outputs that cannot be encoded: this thread must live on
+                self._fail(batch, e)
 
     def _fail(self, batch: list[Slice], error: Exception) -> None:
         """A failed batch fails its requests, never the sidecar."""

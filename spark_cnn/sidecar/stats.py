@@ -65,8 +65,8 @@ class JobStats:
         with self._lock:
             c = dict(self._jobs.get(job) or self._zero())
             c["histogram"] = {str(size): n for size, n in sorted(c["histogram"].items())}
-        batch_rows, waits = c.pop("batch_rows"), c.pop("waits")
+        batch_rows, waits, wait_s = c.pop("batch_rows"), c.pop("waits"), c.pop("queue_wait_s")
         c["mean_batch_size"] = round(batch_rows / c["batches"], 2) if c["batches"] else 0.0
-        c["mean_queue_wait_ms"] = round(1000 * c.pop("queue_wait_s") / waits, 3) if waits else 0.0
+        c["mean_queue_wait_ms"] = round(1000 * wait_s / waits, 3) if waits else 0.0
         c["device_s"] = round(c["device_s"], 3)
         return c

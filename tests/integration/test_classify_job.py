@@ -166,3 +166,21 @@ def test_overwrite_replaces_the_output(spark, demo_assets, tmp_path):
              spark=spark)
     assert not (output / "stale.parquet").exists()
     assert len(_read_output(str(output))) == 3
+
+
+def test_sidecar_decoding_gives_the_same_rows_as_task_decoding(spark, mixed_folder, mobilenet_weights, tmp_path):
+    spec = ModelSpec("mobilenet_v3_small", mobilenet_weights)
+    classify(ClassifyConfig(mixed_folder, str(tmp_path / "task"), spec, logits=True), spark=spark)
+    summary = classify(ClassifyConfig(mixed_folder, str(tmp_path / "sidecar"), spec, logits=True, decode="sidecar"),
+                       spark=spark)
+    by_task, by_sidecar = _read_output(str(tmp_path / "task")), _read_output(str(tmp_path / "sidecar"))
+    assert set(by_task) == set(by_sidecar) == _files_under(mixed_folder)
+    for path, row in by_task.items():
+        other = by_sidecar[path]
+        assert (row["error"] is None) == (other["error"] is None), (path, row["error"], other["error"])
+        if row["error"] is None:
+            np.testing.assert_allclose(other["logits"], row["logits"], rtol=1e-5, atol=1e-5)
+            assert other["label"] == row["label"]
+    assert summary["errors"] == 3
+    # Files the sidecar could not decode still count as requests sent; the failed rows never reach a batch.
+    assert sum(s["images"] for s in summary["sidecars"]) == len(by_task)
