@@ -117,7 +117,7 @@ class Connection:
             raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
         service = self.server.service_for(Endpoint.from_json(hello["endpoint"]),
                                           RunOptions.from_dict(hello.get("options")))
-        self.server.stats.start(job, service.target_rows, service.runner.precision)
+        self.server.job_started(job, service)
         self.send_json(Kind.READY, frame.request_id, {"pid": os.getpid(), "device": str(self.server.device),
                                                       "batch_size": service.target_rows,
                                                       "precision": service.runner.precision})
@@ -158,6 +158,7 @@ class SidecarServer:
         self.stats = JobStats()
         self._registry = ModelRegistry(self.device)
         self._services: dict[tuple, ModelService] = {}
+        self._job_runners: dict = {}  # job -> the runner it used, for its current precision (auto decides late)
         self._services_lock = threading.Lock()
         self._connections = 0
         self._last_activity = time.monotonic()
@@ -184,9 +185,19 @@ class SidecarServer:
                          time.perf_counter() - started, rows, runner.precision, runner.channels_last)
             return service
 
+    def job_started(self, job: str, service: ModelService) -> None:
+        self.stats.start(job, service.target_rows, service.runner.precision)
+        with self._services_lock:
+            self._job_runners[job] = service.runner
+
     def describe(self, job: str) -> dict:
+        snapshot = self.stats.snapshot(job)
+        with self._services_lock:
+            runner = self._job_runners.get(job)
+        if runner is not None:
+            snapshot["precision"] = runner.precision
         return {"host": socket.gethostname(), "executor": self.settings.executor_id, "pid": os.getpid(),
-                "device": str(self.device), "socket": self.settings.socket_path, **self.stats.snapshot(job)}
+                "device": str(self.device), "socket": self.settings.socket_path, **snapshot}
 
     def touch(self) -> None:
         with self._activity_lock:

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU checks of the sidecar, as one script for a lent GPU machine (torch, torchvision and pyarrow, no Java,
+# no Spark, no network). Runs from the repository root without installing: PYTHONPATH=. . Results go to $OUT
+# (or ./device-out). About 4-5 minutes on an H200. Usage: bash scripts/device-check.sh
+set -uo pipefail
+out=${OUT:-device-out}
+mkdir -p "$out"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  $py -c 'import torch, torchvision, pyarrow; print("torch", torch.__version__, "torchvision", torchvision.__version__, "pyarrow", pyarrow.__version__)'
+} | tee "$out/machine.txt"
+bench() {  # name, then bench-sidecar flags
+  local name=$1; shift
+  timeout 280 $py -m spark_cnn.cli bench-sidecar --device cuda --rounds 2 --seconds 8 --warmup 3 \
+    --json "$out/$name.json" "$@" 2>&1 | tee "$out/$name.log"
+}
+# The targets: resnet50, record-at-a-time (R=1) and small requests (R=8); on >= 1.5 x off and
+# on >= 0.8 x device_only.
+bench resnet50-r1 --model resnet50 --clients 4 --request-size 1
+bench resnet50-r8 --model resnet50 --clients 4 --request-size 8
+# nvJPEG decode in the sidecar against decoding in the clients.
+bench resnet50-r8-gpu-decode --model resnet50 --clients 4 --request-size 8 --decode gpu
