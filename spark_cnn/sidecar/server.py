@@ -24,6 +24,7 @@ import torch
 
 from spark_cnn.errors import ConfigError, SidecarError
 from spark_cnn.models.spec import Endpoint
+from spark_cnn.perf.tuner import OnlineTuner
 from spark_cnn.sidecar import protocol
 from spark_cnn.sidecar.decoding import decode_on_gpu, decode_on_host
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
@@ -39,6 +40,9 @@ log = logging.getLogger("spark_cnn.sidecar")
 # Until the tuner (perf/) decides, the batch size by device type. On the 2-core CPU host mobilenet_v3_small
 # ran fastest at batch 8 (129-188 img/s vs 58-79 at 1 and 86-100 at 64); GPUs want large batches.
 AUTO_BATCH_ROWS = {"cpu": 8, "cuda": 64}
+# The online tuner explores up to these sizes: a CPU gains nothing past a few dozen images per batch, and
+# 512 images of 224 px are ~300 MB of float32 input, still small beside a data-centre GPU's memory.
+MAX_AUTO_BATCH_ROWS = {"cpu": 64, "cuda": 512}
 # How often the main thread checks the executor process and the idle timer.
 WATCH_INTERVAL_S = 0.5
 
@@ -158,7 +162,7 @@ class SidecarServer:
         self.stats = JobStats()
         self._registry = ModelRegistry(self.device)
         self._services: dict[tuple, ModelService] = {}
-        self._job_runners: dict = {}  # job -> the runner it used, for its current precision (auto decides late)
+        self._job_services: dict[str, ModelService] = {}  # job -> its service: precision and tuning decide late
         self._services_lock = threading.Lock()
         self._connections = 0
         self._last_activity = time.monotonic()
@@ -178,7 +182,9 @@ class SidecarServer:
             if service is None:
                 started = time.perf_counter()
                 runner, loaded = self._registry.get(endpoint, options)
-                service = ModelService(runner, rows, self.stats)
+                tuner = None if options.batch_size else OnlineTuner(
+                    rows, max_size=max(rows, MAX_AUTO_BATCH_ROWS.get(self.device.type, rows)))
+                service = ModelService(runner, rows, self.stats, tuner=tuner)
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
                          "loaded" if loaded else "serving", endpoint.source, endpoint.fingerprint, self.device,
@@ -188,14 +194,17 @@ class SidecarServer:
     def job_started(self, job: str, service: ModelService) -> None:
         self.stats.start(job, service.target_rows, service.runner.precision)
         with self._services_lock:
-            self._job_runners[job] = service.runner
+            self._job_services[job] = service
 
     def describe(self, job: str) -> dict:
         snapshot = self.stats.snapshot(job)
         with self._services_lock:
-            runner = self._job_runners.get(job)
-        if runner is not None:
-            snapshot["precision"] = runner.precision
+            service = self._job_services.get(job)
+        if service is not None:
+            snapshot["precision"] = service.runner.precision
+            snapshot["batch_size"] = service.target_rows
+            if service.tuner is not None:
+                snapshot["tuning"] = service.tuner.summary()
         return {"host": socket.gethostname(), "executor": self.settings.executor_id, "pid": os.getpid(),
                 "device": str(self.device), "socket": self.settings.socket_path, **snapshot}
 

@@ -23,6 +23,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from spark_cnn.perf.tuner import OnlineTuner
 from spark_cnn.sidecar import protocol
 from spark_cnn.sidecar.batcher import Slice
 from spark_cnn.sidecar.protocol import Kind
@@ -95,12 +96,18 @@ def _concat(parts: list):
 
 
 class ModelService:
-    """Queue + pipeline for one runner at one target batch size."""
+    """Queue + pipeline for one runner at one target batch size.
+
+    With a `tuner` (batch size auto), the target follows the tuner as it measures full batches (dynamic tuning);
+    an out-of-memory back-off ends tuning, since the memory bound then decides.
+    """
 
     def __init__(self, runner: ModelRunner, target_rows: int, stats: JobStats, *,
-                 max_delay_s: float = MAX_BATCH_DELAY_S, max_queued_batches: int = MAX_QUEUED_BATCHES):
+                 max_delay_s: float = MAX_BATCH_DELAY_S, max_queued_batches: int = MAX_QUEUED_BATCHES,
+                 tuner: OnlineTuner | None = None):
         self.runner = runner
         self.stats = stats
+        self.tuner = tuner
         self.queue = WorkQueue(target_rows, max_delay_s, max_queued_batches * target_rows)
         self._staged: queue.Queue = queue.Queue()
         self._staged_slots = threading.Semaphore(STAGED_AHEAD)
@@ -161,6 +168,7 @@ class ModelService:
             if not is_out_of_memory(e) or rows == 1:
                 raise
         half = rows // 2
+        self.tuner = None
         if self.queue.target_rows > half:
             self.queue.set_target(half)
             self.stats.oom_backoff({s.request.job for s in batch}, half)
@@ -188,7 +196,8 @@ class ModelService:
                 job_rows: Counter = Counter()
                 for s in batch:
                     job_rows[s.request.job] += s.rows
-                self.stats.batch(job_rows, sum(job_rows.values()), time.perf_counter() - started)
+                rows, elapsed = sum(job_rows.values()), time.perf_counter() - started
+                self.stats.batch(job_rows, rows, elapsed)
                 offset = 0
                 for s in batch:
                     if not s.request.failed:
@@ -196,6 +205,18 @@ class ModelService:
                     offset += s.rows
             except Exception as e:  # e.g. outputs that cannot be encoded: this thread must live on
                 self._fail(batch, e)
+                continue
+            self._tune(rows, elapsed)
+
+    def _tune(self, rows: int, elapsed_s: float) -> None:
+        tuner = self.tuner
+        if tuner is None or tuner.settled or rows != self.queue.target_rows:
+            return  # partial batches measure the clients' pace, not the device's
+        tuner.observe(rows, 1000 * elapsed_s)
+        if tuner.target != self.queue.target_rows:
+            log.info("tuning: batch %d -> %d (measured img/s by size: %s)", rows, tuner.target,
+                     tuner.summary()["observed_images_per_s"])
+            self.queue.set_target(tuner.target)
 
     def _fail(self, batch: list[Slice], error: Exception) -> None:
         """A failed batch fails its requests, never the sidecar."""

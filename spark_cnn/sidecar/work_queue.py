@@ -26,9 +26,13 @@ class WorkQueue:
         return self._planner.target_rows
 
     def set_target(self, target_rows: int) -> None:
-        """Change the batch size for batches formed from now on (e.g. after an out-of-memory back-off)."""
+        """Change the batch size for batches formed from now on (tuning, or an out-of-memory back-off).
+
+        The queue bound scales with it: a bound below the target would never let a full batch form."""
         with self._cond:
-            self._planner.target_rows = max(1, target_rows)
+            old, new = self._planner.target_rows, max(1, target_rows)
+            self._planner.target_rows = new
+            self._max_queued_rows = max(new, self._max_queued_rows * new // old)
             self._cond.notify_all()
 
     @property

@@ -56,7 +56,7 @@ def test_demo_prints_the_report_and_reaches_accuracy(spark_cnn, demo_assets, tmp
     assert float(report["accuracy"]) >= 0.95
     assert report["output"].strip().endswith(str(tmp_path / "out"))
     summary = json.loads(summary_path.read_text())
-    assert summary["images_per_s"] > 0 and summary["batch_size"] == 8
+    assert summary["images_per_s"] > 0 and summary["batch_size"] in (1, 2, 4, 8, 16, 32, 64)
     assert _wait_until_gone(summary["app_id"]) == [], "a sidecar outlived the demo"
 
 
