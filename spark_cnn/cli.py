@@ -81,6 +81,31 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--in-flight", type=int, help="requests each client keeps in flight (default: 64 images' worth)")
     bench.add_argument("--json", help="write the results here")
 
+    profile = commands.add_parser("profile", help="per-layer costs and the predicted latency curve of a model")
+    profile.add_argument("--model", required=True, help="torchvision model name, TorchScript file, or module:factory")
+    profile.add_argument("--weights", help="state_dict file (time does not depend on the values)")
+    profile.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    profile.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated batch sizes")
+    profile.add_argument("--threads", type=int, help="torch CPU threads (default: the sidecar's, half the cores)")
+    profile.add_argument("--tuning", default="performance", choices=["performance", "memory"])
+    profile.add_argument("--validate", action="store_true", help="also measure each batch size and report errors")
+    profile.add_argument("--recalibrate", action="store_true", help="measure the device again")
+    profile.add_argument("--calibration-seconds", type=float,
+                         help="time calibration may take when the device has no cached profile (default 45)")
+    profile.add_argument("--json", help="write the result here")
+    profile.add_argument("--plot", help="write a PNG of the predicted (and measured) curve here")
+
+    plan = commands.add_parser("plan", help="predicted wall time and bottleneck of a cluster job")
+    plan.add_argument("--model", required=True)
+    plan.add_argument("--weights")
+    plan.add_argument("--images", type=int, required=True)
+    plan.add_argument("--executors", type=int, required=True)
+    plan.add_argument("--cores", type=int, help="cores per executor (default: this machine's)")
+    plan.add_argument("--device", default="cpu")
+    plan.add_argument("--threads", type=int)
+    plan.add_argument("--calibration-seconds", type=float)
+    plan.add_argument("--json")
+
     demo = commands.add_parser("demo", help="classify scikit-learn's digits with a small CNN trained on the spot")
     demo.add_argument("--workdir", default=DEFAULT_DEMO_DIR, help=f"demo data and model (default: {DEFAULT_DEMO_DIR})")
     demo.add_argument("--output", help="Parquet output (default: WORKDIR/output)")
@@ -154,6 +179,40 @@ def _run_bench_sidecar(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_profile(args: argparse.Namespace) -> int:
+    from spark_cnn.models.spec import ModelSpec
+    from spark_cnn.perf.commands import plot_profile, profile_model, profile_report
+
+    try:
+        sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        raise SparkCnnError(f"--batch-sizes {args.batch_sizes}: expected comma-separated integers") from None
+    result = profile_model(ModelSpec(args.model, weights=args.weights), device=args.device, batch_sizes=sizes,
+                           validate=args.validate, threads=args.threads, tuning=args.tuning,
+                           refresh=args.recalibrate, calibration_s=args.calibration_seconds)
+    print(profile_report(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.plot:
+        plot_profile(result, args.plot)
+    return 0
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from spark_cnn.models.spec import ModelSpec
+    from spark_cnn.perf.commands import plan_job, plan_report
+
+    result = plan_job(ModelSpec(args.model, weights=args.weights), images=args.images, executors=args.executors,
+                      cores=args.cores, device=args.device, threads=args.threads,
+                      calibration_s=args.calibration_seconds)
+    print(plan_report(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from spark_cnn.config import ClassifyConfig
     from spark_cnn.models.demo import DIGITS_FACTORY, prepare_demo
@@ -173,7 +232,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"classify": _run_classify, "demo": _run_demo, "bench-sidecar": _run_bench_sidecar}
+    handlers = {"classify": _run_classify, "demo": _run_demo, "bench-sidecar": _run_bench_sidecar,
+                "profile": _run_profile, "plan": _run_plan}
     try:
         return handlers[args.command](args)
     except SparkCnnError as e:

@@ -88,7 +88,7 @@ class OnlineTuner:
     """
 
     def __init__(self, start: int, *, window: int = 20, max_size: int = 512, min_size: int = 1,
-                 tolerance: float = PERFORMANCE_TOLERANCE):
+                 tolerance: float = PERFORMANCE_TOLERANCE, predicted: dict[int, float] | None = None):
         if not min_size <= start <= max_size:
             raise ValueError(f"start {start} outside [{min_size}, {max_size}]")
         self.target = start
@@ -97,6 +97,8 @@ class OnlineTuner:
         self.min_size = min_size
         self.tolerance = tolerance
         self.observed: dict[int, list[float]] = {}   # batch size -> measured ms of full batches
+        self.predicted = predicted or {}              # batch size -> images/s the analytical model expected
+        self.start = start
         self.settled = False
         self._home = start     # the best size so far
         self._going = "up"     # doubling first; halving once doubling stops winning
@@ -138,6 +140,9 @@ class OnlineTuner:
         self.settled = True
 
     def summary(self) -> dict:
-        return {"target": self.target, "settled": self.settled,
-                "observed_images_per_s": {str(s): round(r, 1) for s in sorted(self.observed)
-                                          if (r := self.rate(s)) is not None}}
+        summary = {"start": self.start, "target": self.target, "settled": self.settled,
+                   "observed_images_per_s": {str(s): round(r, 1) for s in sorted(self.observed)
+                                             if (r := self.rate(s)) is not None}}
+        if self.predicted:
+            summary["predicted_images_per_s"] = {str(s): r for s, r in sorted(self.predicted.items())}
+        return summary

@@ -182,8 +182,9 @@ class SidecarServer:
             if service is None:
                 started = time.perf_counter()
                 runner, loaded = self._registry.get(endpoint, options)
-                tuner = None if options.batch_size else OnlineTuner(
-                    rows, max_size=max(rows, MAX_AUTO_BATCH_ROWS.get(self.device.type, rows)))
+                tuner = None
+                if not options.batch_size:
+                    rows, tuner = self._auto_start(runner)
                 service = ModelService(runner, rows, self.stats, tuner=tuner)
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
@@ -195,6 +196,23 @@ class SidecarServer:
         self.stats.start(job, service.target_rows, service.runner.precision)
         with self._services_lock:
             self._job_services[job] = service
+
+    def _auto_start(self, runner) -> tuple[int, OnlineTuner]:
+        """The analytical model's batch size when this device has a cached profile, else the device default;
+        the tuner corrects either from measured batches."""
+        max_size = MAX_AUTO_BATCH_ROWS.get(self.device.type, self.auto_batch_rows)
+        start, predicted = self.auto_batch_rows, None
+        if not runner.options.compile:  # tracing a compiled module would compile it again
+            try:
+                from spark_cnn.perf.startpoint import predicted_start
+
+                found = predicted_start(runner.predictor.module, (3, *runner.endpoint.preprocessing.pixel_shape[:2]),
+                                        str(self.device), threads=self.settings.threads, max_size=max_size)
+                if found is not None:
+                    start, predicted = found
+            except Exception as e:  # the model is an aid here, never a reason not to serve
+                log.warning("no predicted batch size (%s: %s); starting from %d", type(e).__name__, e, start)
+        return start, OnlineTuner(start, max_size=max(start, max_size), predicted=predicted)
 
     def describe(self, job: str) -> dict:
         snapshot = self.stats.snapshot(job)

@@ -1,0 +1,177 @@
+"""`spark-cnn profile` and `spark-cnn plan`: the analytical model as a person uses it.
+
+profile: the per-layer costs of a model, its predicted per-batch latency curve on a calibrated device, the
+batch size the tuner picks from it, and with `validate` the measured curve beside it (error per point, MAPE,
+the measurement's repeatability). plan: the predicted wall time of a cluster job and the stage that bounds it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.models.spec import ModelSpec
+from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
+
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+TOP_LAYERS = 15
+MIB = 1 << 20
+
+
+def _model_and_cost(spec: ModelSpec):
+    from spark_cnn.imaging.preprocess import Preprocessing
+    from spark_cnn.models.loader import build_module, declared_preprocessing
+    from spark_cnn.perf.layers import analyse
+
+    module = build_module(spec.source, spec.weights)
+    prep = spec.preprocessing_over(declared_preprocessing(module) or Preprocessing())
+    shape = (3, prep.crop, prep.crop)
+    return module, shape, analyse(module, shape)
+
+
+def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+                  validate: bool = False, threads: int | None = None, tuning: str = "performance",
+                  memory_budget_bytes: int | None = None, refresh: bool = False,
+                  calibration_s: float | None = None) -> dict:
+    """The profile JSON (DESIGN.md): {"model", "device", "points": [{batch_size, predicted_ms, measured_ms?}],
+    "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's reasoning and, with `validate`, the
+    measured best batch and how close the pick came to it."""
+    from spark_cnn.perf.calibrate import calibrate
+    from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms, predict_peak_memory_bytes
+
+    if not batch_sizes or any(b < 1 for b in batch_sizes):
+        raise ConfigError(f"--batch-sizes {batch_sizes}: expected positive integers")
+    module, shape, cost = _model_and_cost(spec)
+    profile = calibrate(device, threads=threads, refresh=refresh, **_budget(calibration_s))
+    curve = [CurvePoint(b, predict_batch_ms(cost, profile, b), predict_peak_memory_bytes(cost, b))
+             for b in sorted(set(batch_sizes))]
+    choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes)
+    layers = sorted(predict_layers_ms(cost, profile, choice.batch_size), key=lambda row: -row[1])
+    result = {
+        "model": spec.source, "device": profile.key, "input_shape": list(shape), "threads": profile.threads,
+        "points": [{"batch_size": p.batch_size, "predicted_ms": round(p.latency_ms, 3),
+                    "predicted_images_per_s": round(p.images_per_s, 1),
+                    "peak_memory_mib": round(p.peak_memory_bytes / MIB, 1)} for p in curve],
+        "mape": None, "chosen_batch_size": choice.batch_size, "choice": choice.reason,
+        "gflops_per_image": round(cost.flops(1) / 1e9, 3),
+        "layers": [{"name": layer.name, "op": layer.op, "mflops": round(layer.flops_at(choice.batch_size) / 1e6, 2),
+                    "mib": round(layer.bytes_at(choice.batch_size) / MIB, 2), "predicted_ms": round(ms, 3),
+                    "bound": bound} for layer, ms, bound in layers[:TOP_LAYERS]],
+        "uncosted": list(cost.uncosted),
+    }
+    if validate:
+        from spark_cnn.perf.validate import validate as measure
+
+        measured = measure(spec.source, [p.batch_size for p in curve], profile, module=module, input_shape=shape)
+        by_size = {p["batch_size"]: p for p in measured["points"]}
+        for point in result["points"]:
+            m = by_size[point["batch_size"]]
+            point.update(measured_ms=m["measured_ms"], error=m["error"],
+                         measured_images_per_s=round(1000 * point["batch_size"] / m["measured_ms"], 1))
+        best = max(result["points"], key=lambda p: p["measured_images_per_s"])
+        picked = next(p for p in result["points"] if p["batch_size"] == choice.batch_size)
+        result.update(mape=measured["mape"], mape_ge8=measured["mape_ge8"],
+                      repeatability=measured["repeatability"], load=measured["load"],
+                      measured_best_batch_size=best["batch_size"],
+                      pick_fraction_of_best=round(picked["measured_images_per_s"] / best["measured_images_per_s"], 3))
+    return result
+
+
+def profile_report(result: dict) -> str:
+    lines = [f"{result['model']} on {result['device']} ({result['threads']} threads), input "
+             f"{'x'.join(map(str, result['input_shape']))}, {result['gflops_per_image']} GFLOPs per image",
+             f"costliest layers at batch {result['chosen_batch_size']}:",
+             f"  {'layer':<34} {'op':<18} {'MFLOPs':>10} {'MiB':>8} {'pred ms':>9}  bound"]
+    for row in result["layers"]:
+        lines.append(f"  {row['name'][:34]:<34} {row['op'][:18]:<18} {row['mflops']:>10.1f} {row['mib']:>8.2f} "
+                     f"{row['predicted_ms']:>9.3f}  {row['bound']}")
+    if result["uncosted"]:
+        lines.append(f"  not costed: {', '.join(result['uncosted'])}")
+    header = f"  {'batch':>5} {'pred ms':>10} {'pred img/s':>11} {'peak MiB':>9}"
+    if result["mape"] is not None:
+        header += f" {'meas ms':>10} {'meas img/s':>11} {'error':>7}"
+    lines += ["latency per batch:", header]
+    for p in result["points"]:
+        line = (f"  {p['batch_size']:>5} {p['predicted_ms']:>10.2f} {p['predicted_images_per_s']:>11.1f} "
+                f"{p['peak_memory_mib']:>9.1f}")
+        if "measured_ms" in p:
+            line += f" {p['measured_ms']:>10.2f} {p['measured_images_per_s']:>11.1f} {100 * p['error']:>6.1f}%"
+        lines.append(line)
+    lines.append(f"chosen batch size {result['chosen_batch_size']}: {result['choice']}")
+    if result["mape"] is not None:
+        rep = result["repeatability"]
+        lines.append(f"MAPE {result['mape']}% (batch >= 8: {result['mape_ge8']}%); two sweeps differ by "
+                     f"{rep['mean_pct']}% on average (max {rep['max_pct']}%); measured best batch "
+                     f"{result['measured_best_batch_size']}, the pick reaches "
+                     f"{100 * result['pick_fraction_of_best']:.1f}% of it; load {result['load']}")
+    return "\n".join(lines)
+
+
+def plot_profile(result: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ConfigError("--plot needs matplotlib: pip install matplotlib") from e
+    sizes = [p["batch_size"] for p in result["points"]]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(sizes, [p["predicted_ms"] for p in result["points"]], "o-", label="predicted")
+    if result["mape"] is not None:
+        ax.plot(sizes, [p["measured_ms"] for p in result["points"]], "s--", label=f"measured (MAPE {result['mape']}%)")
+    ax.axvline(result["chosen_batch_size"], color="grey", linestyle=":", label=f"chosen {result['chosen_batch_size']}")
+    ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="ms per batch",
+           title=f"{result['model']} on {result['device']}")
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _budget(calibration_s: float | None) -> dict:
+    return {} if calibration_s is None else {"budget_s": calibration_s}
+
+
+def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None = None, device: str = "cpu",
+             threads: int | None = None, tuning: str = "performance", calibration_s: float | None = None) -> dict:
+    """Predicted wall time of classifying `images` on `executors` executors of `cores` cores each.
+
+    Per executor the pipeline runs at the slowest of its stages: decoding in the tasks (the cores left to
+    them; on CUDA, every core), the host-to-device copy (CUDA) and the sidecar's compute at the tuned batch.
+    Spark's start-up and the output write are not modelled.
+    """
+    import os
+
+    from spark_cnn.perf.calibrate import calibrate
+    from spark_cnn.perf.timemodel import predict_batch_ms
+
+    if images < 1 or executors < 1:
+        raise ConfigError("--images and --executors must be positive")
+    cores = cores or os.cpu_count() or 1
+    _, shape, cost = _model_and_cost(spec)
+    profile = calibrate(device, threads=threads, **_budget(calibration_s))
+    curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in DEFAULT_BATCH_SIZES]
+    choice = choose_batch_size(curve, mode=tuning)
+    decode_cores = cores if profile.is_cuda else max(1, cores - profile.threads)
+    stages = {"decode": decode_cores * 1000.0 / profile.decode_ms, "compute": choice.images_per_s}
+    if profile.is_cuda and profile.h2d:
+        nbytes, us = profile.h2d[-1]
+        stages["transfer"] = 1e6 * nbytes / us / math.prod(shape)  # uint8 pixels per image
+    bottleneck = min(stages, key=stages.get)
+    rate = executors * stages[bottleneck]
+    return {"model": spec.source, "device": profile.key, "images": images, "executors": executors,
+            "cores_per_executor": cores, "batch_size": choice.batch_size,
+            "stages_images_per_s_per_executor": {k: round(v, 1) for k, v in stages.items()},
+            "bottleneck": bottleneck, "images_per_s": round(rate, 1), "wall_s": round(images / rate, 1)}
+
+
+def plan_report(plan: dict) -> str:
+    stages = ", ".join(f"{k} {v} img/s" for k, v in plan["stages_images_per_s_per_executor"].items())
+    return (f"{plan['model']} on {plan['executors']} executor(s) x {plan['cores_per_executor']} cores "
+            f"({plan['device']}), batch {plan['batch_size']}\n"
+            f"  per executor: {stages}\n"
+            f"  bottleneck: {plan['bottleneck']}; {plan['images_per_s']} img/s in all; "
+            f"{plan['images']} images in about {plan['wall_s']} s (Spark start-up and output not included)")

@@ -1,0 +1,531 @@
+"""Per-batch latency of a CNN on a calibrated device, predicted layer by layer from a ModelCost and a profile.
+
+What is predicted is the sidecar's compute stage (`spark_cnn.sidecar.runner.ModelRunner.forward`) for one
+batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer costs
+
+    t = fixed + work + faults
+
+- **fixed**: the per-call cost (Python module call, dispatch; for a oneDNN convolution also the reorder of
+  its weights to the blocked layout, which an eager NCHW-weight module pays on every call).
+- **work**: for convolutions, batch x per-image time, where the per-image time is the padded FLOPs times a
+  measured cost per FLOP interpolated (inverse-distance, in log space) among the calibrated convolutions of
+  the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
+  channels per group, output channels, output size, kernel, stride and batch. oneDNN vectorises channels in
+  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16.
+  Linear layers interpolate the calibrated GEMMs the same way, normalised by a roofline (FLOPs against
+  weight bytes streamed). Everything else reads its operator's calibrated time-vs-bytes curve, which holds
+  its overhead at small sizes and its cache and memory bandwidth at large ones (log-log interpolation).
+- **faults**: fresh pages. glibc maps allocations of 32 MiB and more afresh on every call, so a layer whose
+  output is that large pays a page fault per 4 KiB page, measured by calibration (about 1.5 us each on the
+  development host: 0.4 ms per MiB, more than the layer's arithmetic for a batch-norm at batch 16).
+
+The layout is channels-last throughout, as in the sidecar (see calibrate.py). Elementwise activations and
+residual adds are taken to run in place, as torchvision's do (ReLU(inplace=True), `out += identity`).
+
+>>> from torch import nn                                                   # doctest: +SKIP
+>>> cost = analyse(nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU()), (3, 64, 64))   # doctest: +SKIP
+>>> predict_batch_ms(cost, calibrate("cpu"), 8)                             # doctest: +SKIP
+1.9
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.perf.calibrate import DeviceProfile, conv_backend
+from spark_cnn.perf.layers import LayerCost, ModelCost
+
+__all__ = ["BOUNDS", "PRECISIONS", "predict_batch_ms", "predict_layers_ms", "predict_peak_memory_bytes",
+           "predict_throughput"]
+
+BOUNDS = ("compute", "memory", "overhead")
+# Precisions the profiles hold measurements for. bf16/fp16 need their own calibration tables (not yet).
+PRECISIONS = ("fp32",)
+FP32 = 4
+# oneDNN's channel block on AVX-512 fp32: channels are processed 16 at a time.
+CHANNEL_BLOCK = 16
+# Inverse-distance interpolation: the nearest points and the softening of the distance (in log2 units
+# squared); 4 neighbours with 0.05 reproduced held-out grid points best on the development host.
+NEIGHBOURS = 4
+SOFTENING = 0.05
+# Feature weights of the convolution interpolation, per log2 unit: channels and size matter most; the batch
+# changes per-image time little once the fixed cost is taken out.
+CONV_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0, 1.5, 1.5, 0.5])
+GEMM_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0])
+# Nominal rates that normalise linear layers before interpolation (a roofline's two roofs; calibrated points
+# correct them): 100 GFLOP/s and 20 GB/s, in FLOPs and bytes per microsecond.
+NOMINAL_FLOPS_PER_US = 1e5
+NOMINAL_BYTES_PER_US = 2e4
+# The sidecar's pseudo-layers around the model.
+NORMALISE_LAYER = "<normalise>"
+HEADS_LAYER = "<heads>"
+
+# Layer op -> calibrated curve, and whether the op writes a new tensor (faults count only for those).
+_CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu6", "clamp_min": "relu",
+           "hardswish": "hardswish", "hardsigmoid": "hardsigmoid", "silu": "silu", "sigmoid": "sigmoid",
+           "gelu": "gelu", "tanh": "sigmoid", "elu": "sigmoid", "leaky_relu": "relu6", "mish": "gelu",
+           "add": "add", "sub": "add", "mul": "mul", "div": "mul", "batch_norm": "batch_norm",
+           "cat": "cat", "stack": "cat", "contiguous": "copy", "copy": "copy", "clone": "copy", "pad": "copy",
+           "adaptive_avg_pool2d": "adaptive_avg_pool2d", "mean": "mean", "sum": "mean", "softmax": "sigmoid",
+           "log_softmax": "sigmoid", "layer_norm": "batch_norm", "group_norm": "batch_norm",
+           "normalise": "normalise", "heads": "heads"}
+_IN_PLACE = {"relu", "relu6", "hardtanh", "clamp", "clamp_min", "hardswish", "hardsigmoid", "silu", "add",
+             "leaky_relu"}
+_KEYED_ON_INPUT = {"adaptive_avg_pool2d", "mean", "sum", "adaptive_max_pool2d"}
+_MODULE_CALLS = {"dropout", "identity", "stochastic_depth", "flatten"}
+
+
+def _check(profile: DeviceProfile, batch: int, precision: str) -> None:
+    if not isinstance(profile, DeviceProfile):
+        raise ConfigError(f"expected a DeviceProfile (from calibrate()), got {type(profile).__name__}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch must be a positive integer, got {batch!r}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"precision {precision!r}: the device profile {profile.key} has measurements for "
+                          f"{PRECISIONS} only; predict with precision='fp32'")
+
+
+def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *,
+                      precision: str = "fp32") -> list[tuple[LayerCost, float, str]]:
+    """(layer, milliseconds, bound) for every layer at `batch`, in execution order, between the sidecar's
+    pseudo-layers "<normalise>" (first) and "<heads>" (last). `bound` is "compute", "memory" or "overhead":
+    the largest of the layer's terms (faults count as memory)."""
+    _check(profile, batch, precision)
+    model = _Model.of(profile)
+    scale = FP32 / cost.dtype_bytes
+    layers = (_normalise_layer(cost), *cost.layers, _heads_layer(cost))
+    faulted = _faulted_bytes(layers, batch, scale, profile) if profile.fault_us_per_page > 0 else None
+    rows = []
+    for i, layer in enumerate(layers):
+        fault_us = faulted[i] / PAGE_BYTES * profile.fault_us_per_page if faulted else 0.0
+        us, bound = model.layer_us(layer, batch, scale, fault_us)
+        rows.append((layer, us / 1e3, bound))
+    return rows
+
+
+def predict_batch_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32") -> float:
+    """Milliseconds for one batch of `batch` images through the sidecar's compute stage (the sum of
+    predict_layers_ms)."""
+    return sum(ms for _, ms, _ in predict_layers_ms(cost, profile, batch, precision=precision))
+
+
+def predict_throughput(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32") -> float:
+    """Images per second of the compute stage at `batch`."""
+    return batch * 1e3 / predict_batch_ms(cost, profile, batch, precision=precision)
+
+
+def predict_peak_memory_bytes(cost: ModelCost, batch: int) -> int:
+    """Parameters, the peak of live activations (cost.peak_memory_bytes) and the batch's uint8 pixels."""
+    return cost.peak_memory_bytes(batch) + batch * math.prod(cost.input_shape)
+
+
+# --- the sidecar's stages as layers --------------------------------------------------------------------------
+
+
+def _normalise_layer(cost: ModelCost) -> LayerCost:
+    pixels = math.prod(cost.input_shape)
+    return LayerCost(NORMALISE_LAYER, "normalise", flops=3 * pixels, input_bytes=pixels,
+                     output_bytes=pixels * cost.dtype_bytes, weight_bytes=0,
+                     shape={"numel": pixels, "out_shape": (1, *cost.input_shape)})
+
+
+def _heads_layer(cost: ModelCost) -> LayerCost:
+    classes = 1000
+    for layer in reversed(cost.layers):
+        out = layer.shape.get("out_shape")
+        if out:
+            classes = math.prod(out[1:])
+            break
+    return LayerCost(HEADS_LAYER, "heads", flops=6 * classes, input_bytes=classes * cost.dtype_bytes,
+                     output_bytes=0, weight_bytes=0, shape={"numel": classes})
+
+
+# --- the model -----------------------------------------------------------------------------------------------
+
+
+def _log2(x: float) -> float:
+    return math.log2(max(x, 1e-9))
+
+
+def _padded(channels: int, blocked: bool) -> int:
+    if not blocked or channels < CHANNEL_BLOCK:
+        return channels
+    return -(-channels // CHANNEL_BLOCK) * CHANNEL_BLOCK
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, int):
+        return value, value
+    value = tuple(value)
+    return (value[0], value[0]) if len(value) == 1 else (value[0], value[1])
+
+
+def _conv_class(cin: int, cout: int, kernel: tuple[int, int], groups: int, backend: str) -> str:
+    if groups > 1 and groups == cin:
+        return "depthwise"
+    if groups > 1:
+        return "grouped"
+    if kernel == (1, 1):
+        return "pointwise_gemm" if backend == "slow2d" else "pointwise"
+    return "conv"
+
+
+class _ConvShape:
+    """A convolution's features for interpolation and its padded FLOPs per image."""
+
+    def __init__(self, cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int], groups: int,
+                 in_hw: tuple[int, int], out_hw: tuple[int, int], batch: int, backend: str):
+        self.cin, self.cout, self.kernel, self.stride, self.groups = cin, cout, kernel, stride, groups
+        self.in_hw, self.out_hw, self.batch, self.backend = in_hw, out_hw, batch, backend
+        self.klass = _conv_class(cin, cout, kernel, groups, backend)
+        blocked = backend == "mkldnn"
+        cin_g = cin // groups
+        if self.klass == "depthwise":
+            channels = _padded(cout, blocked)
+            self.flops = 2 * channels * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
+        else:
+            self.flops = 2 * _padded(cout, blocked) * _padded(cin_g, blocked) * out_hw[0] * out_hw[1] * \
+                kernel[0] * kernel[1]
+        self.features = np.array([_log2(cin_g), _log2(cout), _log2(math.sqrt(out_hw[0] * out_hw[1])),
+                                  _log2(math.sqrt(kernel[0] * kernel[1])), _log2(math.sqrt(stride[0] * stride[1])),
+                                  _log2(batch)])
+        self.weight_mib = cout * cin_g * kernel[0] * kernel[1] * FP32 / 2**20
+
+
+class _Model:
+    """A profile's tables, arranged for lookups (built once per profile)."""
+
+    _cache: dict[int, tuple[DeviceProfile, _Model]] = {}
+
+    @classmethod
+    def of(cls, profile: DeviceProfile) -> _Model:
+        hit = cls._cache.get(id(profile))
+        if hit is not None and hit[0] is profile:
+            return hit[1]
+        model = cls(profile)
+        if len(cls._cache) > 16:
+            cls._cache.clear()
+        cls._cache[id(profile)] = (profile, model)
+        return model
+
+    def __init__(self, profile: DeviceProfile):
+        self.profile = profile
+        self.fault_us = profile.fault_us_per_page
+        self.threshold = profile.mmap_threshold_bytes or float("inf")
+        self.curves = {kind: (np.log([p[0] for p in pts]), np.log([p[1] for p in pts]))
+                       for kind, pts in profile.curves.items() if pts}
+        self.conv_classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        by_class: dict[str, list[tuple[np.ndarray, float]]] = {}
+        for p in profile.conv:
+            shape = _ConvShape(p["cin"], p["cout"], (p["kernel"],) * 2, (p["stride"],) * 2, p["groups"],
+                               (p["in_hw"],) * 2, (p["out_hw"],) * 2, p["batch"], p["backend"])
+            fixed = self._conv_fixed_us(shape)
+            per_image = max(p["us"] - fixed, 0.1 * p["us"]) / p["batch"]
+            by_class.setdefault(shape.klass, []).append((shape.features, math.log(per_image / shape.flops)))
+        for klass, pts in by_class.items():
+            self.conv_classes[klass] = (np.stack([f for f, _ in pts]), np.array([y for _, y in pts]))
+        everything = [pt for pts in by_class.values() for pt in pts]
+        if everything:
+            self.conv_classes["*"] = (np.stack([f for f, _ in everything]), np.array([y for _, y in everything]))
+        gemm = [(self._gemm_features(g["rows"], g["in_features"], g["out_features"]),
+                 math.log(g["us"] / self._gemm_base_us(g["rows"], g["in_features"], g["out_features"])))
+                for g in profile.gemm]
+        self.gemm = (np.stack([f for f, _ in gemm]), np.array([y for _, y in gemm])) if gemm else None
+
+    # interpolation
+
+    @staticmethod
+    def _idw(points: tuple[np.ndarray, np.ndarray], query: np.ndarray, weights: np.ndarray) -> float:
+        features, values = points
+        d2 = (((features - query) * weights) ** 2).sum(axis=1)
+        nearest = np.argsort(d2)[:NEIGHBOURS]
+        w = 1.0 / (d2[nearest] + SOFTENING)
+        return float((w * values[nearest]).sum() / w.sum())
+
+    def curve_us(self, kind: str, nbytes: float) -> float:
+        """Microseconds of `kind` on a tensor of `nbytes` (fp32): log-log interpolation; beyond the largest
+        point it grows in proportion, below the smallest it stays at the per-call overhead."""
+        curve = self.curves.get(kind) or self.curves.get("relu_out") or self.curves.get("relu")
+        if curve is None:
+            return self.profile.call_us.get("module", 5.0)
+        xs, ys = curve
+        x = math.log(max(nbytes, 1.0))
+        if x >= xs[-1]:
+            return float(math.exp(ys[-1] + (x - xs[-1])))
+        return float(math.exp(np.interp(x, xs, ys)))
+
+    def layer_us(self, layer: LayerCost, batch: int, scale: float, fault_us: float) -> tuple[float, str]:
+        """Microseconds of `layer` at `batch` (plus `fault_us`, its share of page faults), and its bound."""
+        if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
+            return self._conv_us(layer, batch, fault_us)
+        if layer.op in ("linear", "matmul"):
+            us, bound = self._linear_us(layer, batch)
+            return us + fault_us, bound
+        if layer.op.startswith("max_pool") or layer.op.startswith("avg_pool"):
+            return self._pool_us(layer, batch, scale) + fault_us, "memory"
+        if layer.flops == 0 and layer.input_bytes == 0 and layer.output_bytes == 0:
+            kind = "module" if layer.op in _MODULE_CALLS else "function"
+            return self.profile.call_us.get(kind, 1.0), "overhead"
+        nbytes = (layer.input_bytes if layer.op in _KEYED_ON_INPUT else layer.output_bytes) * batch * scale
+        curve = _CURVES.get(layer.op, "relu_out")
+        us = self.curve_us(curve, nbytes)
+        bound = "overhead" if us < 2 * self.curve_us(curve, 0.0) and fault_us < us else "memory"
+        return us + fault_us, bound
+
+    def _conv_fixed_us(self, shape: _ConvShape) -> float:
+        fixed = self.profile.conv_call_us
+        if shape.backend == "mkldnn":
+            fixed += shape.weight_mib * self.profile.conv_weight_us_per_mib
+        return fixed
+
+    def _conv_us(self, layer: LayerCost, batch: int, fault_us: float) -> tuple[float, str]:
+        shape = _conv_shape(layer, batch, self.profile)
+        points = self.conv_classes.get(shape.klass) or self.conv_classes.get("*")
+        fixed = self._conv_fixed_us(shape)
+        if points is None:
+            work = batch * shape.flops / NOMINAL_FLOPS_PER_US
+        else:
+            work = batch * shape.flops * math.exp(self._idw(points, shape.features, CONV_FEATURE_WEIGHTS))
+        terms = {"compute": work, "overhead": fixed, "memory": fault_us}
+        return fixed + work + fault_us, max(terms, key=terms.get)
+
+    @staticmethod
+    def _gemm_features(rows: int, in_features: int, out_features: int) -> np.ndarray:
+        return np.array([_log2(rows), _log2(in_features), _log2(out_features)])
+
+    @staticmethod
+    def _gemm_base_us(rows: int, in_features: int, out_features: int) -> float:
+        flops = 2 * rows * in_features * out_features
+        return max(flops / NOMINAL_FLOPS_PER_US, in_features * out_features * FP32 / NOMINAL_BYTES_PER_US)
+
+    def _linear_us(self, layer: LayerCost, batch: int) -> tuple[float, str]:
+        s = layer.shape
+        if layer.op == "linear":
+            rows, k, n = s.get("rows", 1) * batch, s.get("in_features", 1), s.get("out_features", 1)
+        else:
+            rows, k, n = s.get("m", 1) * s.get("batch", 1) * batch, s.get("k", 1), s.get("n", 1)
+        base = self._gemm_base_us(rows, k, n)
+        if self.gemm is None:
+            us = base
+        else:
+            us = base * math.exp(self._idw(self.gemm, self._gemm_features(rows, k, n), GEMM_FEATURE_WEIGHTS))
+        compute = 2 * rows * k * n / NOMINAL_FLOPS_PER_US
+        return us, "compute" if compute >= k * n * FP32 / NOMINAL_BYTES_PER_US else "memory"
+
+    def _pool_us(self, layer: LayerCost, batch: int, scale: float) -> float:
+        s = layer.shape
+        kernel, stride = _pair(s.get("kernel", 2)), _pair(s.get("stride", 2))
+        window = kernel[0] * kernel[1]
+        out_bytes = layer.output_bytes * batch * scale
+        available = {name: spec for name, spec in _POOL_CURVES.items() if name in self.curves}
+        if not available:
+            return self.curve_us("relu_out", out_bytes)
+        # the nearest calibrated window and stride; the cost per output grows with the window
+        name, (calibrated, _) = min(available.items(), key=lambda kv: (abs(math.log(kv[1][0] / window)),
+                                                                      abs(kv[1][1] - stride[0])))
+        return self.curve_us(name, out_bytes) * window / calibrated
+
+
+_POOL_CURVES = {"max_pool2d_k3s2": (9, 2), "max_pool2d_k3s1": (9, 1), "max_pool2d_k2s2": (4, 2)}
+
+
+def _conv_shape(layer: LayerCost, batch: int, profile: DeviceProfile) -> _ConvShape:
+    s = layer.shape
+    kernel, stride = _pair(s["kernel"]), _pair(s.get("stride", 1))
+    dilation, in_hw, out_hw = _pair(s.get("dilation", 1)), _pair(s["in_hw"]), _pair(s["out_hw"])
+    cin, cout, groups = int(s["in_channels"]), int(s["out_channels"]), int(s.get("groups", 1))
+    backend = "cuda" if profile.is_cuda else conv_backend(cin, kernel, stride, dilation, groups, batch, in_hw,
+                                                           profile.threads)
+    return _ConvShape(cin, cout, kernel, stride, groups, in_hw, out_hw, batch, backend)
+
+
+# --- page faults: glibc's allocator replayed over a forward ---------------------------------------------------
+#
+# glibc's malloc (the CPU allocator under torch) maps an allocation at or above its mmap threshold afresh,
+# so every page of it faults when written, and returns it on free; smaller ones come from the heap, which
+# grows (new pages fault) and is trimmed back to the kernel whenever its free top exceeds the trim threshold.
+# Both thresholds move: freeing a mapped chunk of up to 32 MiB raises the mmap threshold to its size and the
+# trim threshold to twice that. Which tensors fault therefore depends on their sizes and lifetimes, so the
+# model replays a forward's allocations through a reduced allocator and charges each layer the bytes that
+# faulted while it ran. Lifetimes come from the layers' shapes (LayerCost has no edges): a layer reads the
+# most recent tensor of its input shape, plus, when it reads more bytes than that (add, mul, cat), the
+# tensors that a residual, a squeeze-excitation or a concatenation would (see _resolve_inputs).
+
+PAGE_BYTES = 4096
+GLIBC_MMAP_THRESHOLD_MIN = 128 << 10   # DEFAULT_MMAP_THRESHOLD_MIN: where the dynamic thresholds start
+GLIBC_TOP_PAD = 128 << 10              # DEFAULT_TOP_PAD: kept mapped above the top when the heap is trimmed
+# Forwards replayed: the thresholds and the heap settle by the third; the last one's faults are charged.
+REPLAYED_FORWARDS = 3
+_MERGES = {"add", "cat", "stack"}
+
+
+class _Heap:
+    """glibc's main arena reduced to what decides page faults: best-fit free chunks, a top that grows and is
+    trimmed, and the dynamic mmap and trim thresholds. Addresses are byte offsets; `faulted` counts bytes."""
+
+    def __init__(self, max_mmap_threshold: int):
+        self.max_mmap_threshold = max_mmap_threshold
+        self.mmap_threshold = self.trim_threshold = GLIBC_MMAP_THRESHOLD_MIN
+        self.chunks: list[list] = []  # [start, size, free], in address order, ending at self.top
+        self.top = 0                  # where the free top region starts
+        self.mapped = 0               # pages below this are resident
+        self.faulted = 0
+
+    def malloc(self, size: int) -> list:
+        size = max(int(size), 1)
+        if size >= self.mmap_threshold:
+            self.faulted += size
+            return [None, size, False]
+        fits = [c for c in self.chunks if c[2] and c[1] >= size]
+        if fits:
+            chunk = min(fits, key=lambda c: c[1])
+            index = self.chunks.index(chunk)
+            if chunk[1] > size:
+                self.chunks.insert(index + 1, [chunk[0] + size, chunk[1] - size, True])
+            chunk[1], chunk[2] = size, False
+            return chunk
+        chunk = [self.top, size, False]
+        self.chunks.append(chunk)
+        self.top += size
+        if self.top > self.mapped:
+            self.faulted += self.top - self.mapped
+            self.mapped = self.top
+        return chunk
+
+    def free(self, chunk: list) -> None:
+        if chunk[0] is None:  # a mapped chunk: unmapped, and the thresholds may rise to its size, which
+            # (request + header, rounded up to a page) exceeds the request: the same request comes from the heap
+            mapped = -(-(chunk[1] + 16) // PAGE_BYTES) * PAGE_BYTES
+            if self.mmap_threshold < mapped <= self.max_mmap_threshold:
+                self.mmap_threshold, self.trim_threshold = mapped, 2 * mapped
+            return
+        chunk[2] = True
+        index = self.chunks.index(chunk)
+        if index + 1 < len(self.chunks) and self.chunks[index + 1][2]:
+            chunk[1] += self.chunks.pop(index + 1)[1]
+        if index > 0 and self.chunks[index - 1][2]:
+            self.chunks[index - 1][1] += self.chunks.pop(index)[1]
+        while self.chunks and self.chunks[-1][2]:
+            self.top = self.chunks.pop()[0]
+        if self.mapped - self.top >= self.trim_threshold:
+            self.mapped = self.top + GLIBC_TOP_PAD
+
+
+class _Tensor:
+    __slots__ = ("shape", "nbytes", "merge", "consumers", "reshapers")
+
+    def __init__(self, shape: tuple, nbytes: int, merge: bool = False):
+        self.shape, self.nbytes, self.merge = shape, nbytes, merge
+        self.consumers: list[int] = []
+        self.reshapers = 0  # consumers whose output had another shape: this tensor fed a branch
+
+
+def _resolve_inputs(layers: Sequence[LayerCost]) -> tuple[list[list[_Tensor]], list[_Tensor | None]]:
+    """Each layer's input tensors and its new output tensor (None when it writes in place or moves nothing),
+    reconstructed from shapes and byte counts."""
+    produced: list[_Tensor] = []
+    inputs: list[list[_Tensor]] = []
+    outputs: list[_Tensor | None] = []
+    current: _Tensor | None = None
+    for i, layer in enumerate(layers):
+        in_shape = tuple(layer.shape.get("in_shape") or ())
+        out_shape = tuple(layer.shape.get("out_shape") or in_shape)
+        if current is None:  # the sidecar's pixels -> the first layer's new tensor
+            inputs.append([])
+            current = _Tensor(out_shape, layer.output_bytes)
+            produced.append(current)
+            outputs.append(current)
+            continue
+        primary = next((t for t in reversed(produced) if t.shape == in_shape), current)
+        chosen = [primary]
+        missing = layer.input_bytes - primary.nbytes
+        if missing > 0:
+            chosen += _extra_inputs(layer.op, produced, primary, current, missing)
+        for tensor in chosen:
+            tensor.consumers.append(i)
+            if out_shape != tensor.shape:
+                tensor.reshapers += 1
+        inputs.append(chosen)
+        if layer.output_bytes == 0 or (layer.op in _IN_PLACE and out_shape == primary.shape):
+            if layer.op in _MERGES:
+                primary.merge = True
+            outputs.append(None)
+            current = primary
+        else:
+            current = _Tensor(out_shape, layer.output_bytes, merge=layer.op in _MERGES)
+            produced.append(current)
+            outputs.append(current)
+    return inputs, outputs
+
+
+def _extra_inputs(op: str, produced: list[_Tensor], primary: _Tensor, current: _Tensor,
+                  missing: int) -> list[_Tensor]:
+    """The other inputs of a layer that reads `missing` more bytes than its primary input."""
+    others = [t for t in reversed(produced) if t is not primary]
+    if op in ("cat", "stack"):  # same spatial size; unconsumed branch outputs first, most recent first
+        spatial = primary.shape[2:]
+        fits = [t for t in others if t.shape[2:] == spatial]
+        chosen = []
+        for tensor in sorted(fits, key=lambda t: bool(t.consumers)):
+            if missing <= 0:
+                break
+            if tensor.nbytes <= missing:
+                chosen.append(tensor)
+                missing -= tensor.nbytes
+        return chosen
+    if current is not primary and current.nbytes <= missing:  # a scale or gate just computed
+        return [current]
+    same = [t for t in others if t.nbytes == missing]
+    for rule in (lambda t: not t.consumers, lambda t: t.merge, lambda t: t.reshapers > 0):
+        found = next((t for t in same if rule(t)), None)
+        if found is not None:
+            return [found]
+    return same[-1:] if same else []  # the oldest of that size: where the run of equal shapes began
+
+
+def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profile: DeviceProfile) -> list[int]:
+    """Bytes of fresh pages each layer writes in the steady state of repeated forwards at `batch`."""
+    inputs, outputs = _resolve_inputs(layers)
+    last_use: dict[int, int] = {}
+    for i, tensors in enumerate(inputs):
+        for tensor in tensors:
+            last_use[id(tensor)] = i
+    end = len(layers) - 1
+    for tensor in outputs:
+        if tensor is not None:
+            last_use.setdefault(id(tensor), end)  # never read (a model output): lives to the end
+    dies: dict[int, list[_Tensor]] = {}
+    for tensor in outputs:
+        if tensor is not None:
+            dies.setdefault(last_use[id(tensor)], []).append(tensor)
+    temporaries = [_temporary_bytes(layer, batch, profile) for layer in layers]
+    pixels = batch * layers[0].input_bytes  # the staged uint8 batch (the first layer is the normalisation)
+    heap = _Heap(profile.mmap_threshold_bytes or (32 << 20))
+    faulted = [0] * len(layers)
+    for _ in range(REPLAYED_FORWARDS):
+        staged = heap.malloc(pixels)
+        live: dict[int, list] = {}
+        for i, tensor in enumerate(outputs):
+            before = heap.faulted
+            if tensor is not None:
+                live[id(tensor)] = heap.malloc(tensor.nbytes * batch * scale)
+            if temporaries[i]:
+                heap.free(heap.malloc(temporaries[i]))
+            for dead in dies.get(i, ()):
+                heap.free(live.pop(id(dead)))
+            faulted[i] = heap.faulted - before
+        heap.free(staged)
+    return faulted
+
+
+def _temporary_bytes(layer: LayerCost, batch: int, profile: DeviceProfile) -> int:
+    """Scratch a layer allocates and frees while it runs: a oneDNN convolution's reordered weights."""
+    if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2 and not profile.is_cuda:
+        if _conv_shape(layer, batch, profile).backend == "mkldnn":
+            return layer.weight_bytes
+    return 0
