@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_device_cache():
+    """An empty device-profile cache for the whole run (sidecars inherit it): a profile this machine once
+    calibrated must not change which batch size tests start from."""
+    from spark_cnn.perf.startpoint import CACHE_DIR_ENV
+
+    folder = tempfile.mkdtemp(prefix="spark_cnn_devices_")
+    previous = os.environ.get(CACHE_DIR_ENV)
+    os.environ[CACHE_DIR_ENV] = folder
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop(CACHE_DIR_ENV, None)
+        else:
+            os.environ[CACHE_DIR_ENV] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -132,7 +132,13 @@ def plot_profile(result: dict, path: str) -> None:
 
 
 def _budget(calibration_s: float | None) -> dict:
-    return {} if calibration_s is None else {"budget_s": calibration_s}
+    """calibrate()'s keyword arguments: the time it may take, and the cache folder ($SPARK_CNN_CACHE_DIR)."""
+    from spark_cnn.perf.startpoint import profile_cache_dir
+
+    options = {"cache_dir": profile_cache_dir()}
+    if calibration_s is not None:
+        options["budget_s"] = calibration_s
+    return options
 
 
 def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None = None, device: str = "cpu",

@@ -14,10 +14,20 @@ from torch import nn
 from spark_cnn.perf.calibrate import DEFAULT_CACHE_DIR, DeviceProfile, device_key
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 
+# Where device profiles are cached, if not calibrate()'s default: tests point it at an empty folder so that
+# what a machine once calibrated never changes their outcome.
+CACHE_DIR_ENV = "SPARK_CNN_CACHE_DIR"
+
+
+def profile_cache_dir() -> str | None:
+    """The cache folder set by $SPARK_CNN_CACHE_DIR, or None for calibrate()'s default."""
+    return os.environ.get(CACHE_DIR_ENV) or None
+
 
 def cached_profile(device: str, threads: int | None = None, cache_dir: str | None = None) -> DeviceProfile | None:
     """The cached DeviceProfile of this device and thread count, or None (nothing is measured here)."""
-    path = os.path.join(os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR), f"{device_key(device, threads)}.json")
+    cache_dir = cache_dir or profile_cache_dir() or DEFAULT_CACHE_DIR
+    path = os.path.join(os.path.expanduser(cache_dir), f"{device_key(device, threads)}.json")
     try:
         with open(path) as f:
             return DeviceProfile.from_json(f.read())

@@ -368,9 +368,11 @@ class _Heap:
     """glibc's main arena reduced to what decides page faults: best-fit free chunks, a top that grows and is
     trimmed, and the dynamic mmap and trim thresholds. Addresses are byte offsets; `faulted` counts bytes."""
 
-    def __init__(self, max_mmap_threshold: int):
+    def __init__(self, max_mmap_threshold: int, *, settled: bool = True):
         self.max_mmap_threshold = max_mmap_threshold
         self.mmap_threshold = self.trim_threshold = GLIBC_MMAP_THRESHOLD_MIN
+        if settled:  # a process that has freed a large mapped chunk (loading a model does): thresholds at the top
+            self.mmap_threshold, self.trim_threshold = max_mmap_threshold, 2 * max_mmap_threshold
         self.chunks: list[list] = []  # [start, size, free], in address order, ending at self.top
         self.top = 0                  # where the free top region starts
         self.mapped = 0               # pages below this are resident

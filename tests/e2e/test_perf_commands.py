@@ -1,0 +1,36 @@
+"""`spark-cnn profile` and `spark-cnn plan` end to end (a short calibration; no accuracy thresholds here: the
+model's error is measured by the validation runs recorded in docs/perf-model.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_profile_validates_and_plan_uses_the_same_calibration(spark_cnn, tmp_path):
+    out, png = tmp_path / "profile.json", tmp_path / "profile.png"
+    result = spark_cnn("profile", "--model", "mobilenet_v3_small", "--batch-sizes", "1,4", "--validate",
+                       "--calibration-seconds", "6", "--json", str(out), "--plot", str(png))
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert {"model", "device", "points", "mape", "chosen_batch_size"} <= set(data)
+    assert [p["batch_size"] for p in data["points"]] == [1, 4]
+    for point in data["points"]:
+        assert point["predicted_ms"] > 0 and point["measured_ms"] > 0
+        assert point["error"] == pytest.approx((point["predicted_ms"] - point["measured_ms"]) / point["measured_ms"],
+                                               abs=1e-3)
+    assert data["mape"] >= 0 and data["chosen_batch_size"] in (1, 4)
+    assert data["layers"] and data["layers"][0]["predicted_ms"] >= data["layers"][-1]["predicted_ms"]
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert "MAPE" in result.stdout and "costliest layers" in result.stdout
+
+    plan = spark_cnn("plan", "--model", "mobilenet_v3_small", "--images", "10000", "--executors", "2",
+                     "--cores", "4", "--json", str(tmp_path / "plan.json"))
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    planned = json.loads((tmp_path / "plan.json").read_text())
+    assert planned["bottleneck"] in planned["stages_images_per_s_per_executor"]
+    assert planned["wall_s"] == pytest.approx(10000 / planned["images_per_s"], rel=0.01)
+    assert planned["device"] == data["device"]  # the profile calibrated above, reused
