@@ -116,7 +116,8 @@ class DeviceProfile:
     - `gemm`: one dict per timed nn.Linear: rows, in_features, out_features, us.
     - `fault_us_per_page`: first touch of a fresh page and its release; `mmap_threshold_bytes`: allocations
       this large get fresh pages on every call (glibc's largest dynamic mmap threshold).
-    - `call_us`: overhead of a call that moves no data: "module" (nn.Flatten), "function" (torch.flatten).
+    - `call_us`: overhead of a call that moves no data: "module" (nn.Flatten), "function" (torch.flatten),
+      "container" (what an nn.Sequential adds around its child: every non-leaf module of a network pays it).
     - `decode_ms`: decode + resize + crop of one JPEG on one core; `h2d`: ((bytes, us), ...) pinned copies.
     """
 
@@ -556,9 +557,12 @@ def _curves(bench: _Bench) -> tuple[dict[str, tuple], dict[str, float]]:
         points[kind].append((float(64 * side * side * 4), bench.us_without_faults(timing)))
         del fn, fresh
     flatten_module, flatten = nn.Flatten(), torch.flatten
+    leaf, container = nn.Identity(), nn.Sequential(nn.Identity())
     x = bench.tensor(1, 64, 1, 1)
     call_us = {"module": bench.time(flatten_module, lambda: (x,)).best_s * 1e6,
-               "function": bench.time(lambda t: flatten(t, 1), lambda: (x,)).best_s * 1e6}
+               "function": bench.time(lambda t: flatten(t, 1), lambda: (x,)).best_s * 1e6,
+               "container": max(bench.time(container, lambda: (x,)).best_s - bench.time(leaf, lambda: (x,)).best_s,
+                                0.0) * 1e6}
     return {kind: tuple(sorted(p)) for kind, p in points.items() if p}, call_us
 
 

@@ -64,6 +64,7 @@ NOMINAL_BYTES_PER_US = 2e4
 # The sidecar's pseudo-layers around the model.
 NORMALISE_LAYER = "<normalise>"
 HEADS_LAYER = "<heads>"
+MODULES_LAYER = "<modules>"
 
 # Layer op -> calibrated curve, and whether the op writes a new tensor (faults count only for those).
 _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu6", "clamp_min": "relu",
@@ -98,7 +99,7 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *,
     _check(profile, batch, precision)
     model = _Model.of(profile)
     scale = FP32 / cost.dtype_bytes
-    layers = (_normalise_layer(cost), *cost.layers, _heads_layer(cost))
+    layers = (_normalise_layer(cost), *cost.layers, _heads_layer(cost), _modules_layer(cost))
     faulted = _faulted_bytes(layers, batch, scale, profile) if profile.fault_us_per_page > 0 else None
     rows = []
     for i, layer in enumerate(layers):
@@ -132,6 +133,18 @@ def _normalise_layer(cost: ModelCost) -> LayerCost:
     return LayerCost(NORMALISE_LAYER, "normalise", flops=3 * pixels, input_bytes=pixels,
                      output_bytes=pixels * cost.dtype_bytes, weight_bytes=0,
                      shape={"numel": pixels, "out_shape": (1, *cost.input_shape)})
+
+
+def _modules_layer(cost: ModelCost) -> LayerCost:
+    """The calls of the model's non-leaf modules (the model, its Sequentials and blocks), which run no
+    operator of their own: one per distinct proper prefix of the layers' module paths, and the model."""
+    containers = {""}
+    if cost.method in ("fx", "hooks"):
+        for layer in cost.layers:
+            parts = layer.name.split(".")
+            containers.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return LayerCost(MODULES_LAYER, "modules", flops=0, input_bytes=0, output_bytes=0, weight_bytes=0,
+                     shape={"calls": len(containers)})
 
 
 def _heads_layer(cost: ModelCost) -> LayerCost:
@@ -268,6 +281,8 @@ class _Model:
             return us + fault_us, bound
         if layer.op.startswith("max_pool") or layer.op.startswith("avg_pool"):
             return self._pool_us(layer, batch, scale) + fault_us, "memory"
+        if layer.op == "modules":
+            return layer.shape["calls"] * self.profile.call_us.get("container", 0.0), "overhead"
         if layer.flops == 0 and layer.input_bytes == 0 and layer.output_bytes == 0:
             kind = "module" if layer.op in _MODULE_CALLS else "function"
             return self.profile.call_us.get(kind, 1.0), "overhead"
@@ -361,6 +376,8 @@ GLIBC_MMAP_THRESHOLD_MIN = 128 << 10   # DEFAULT_MMAP_THRESHOLD_MIN: where the d
 GLIBC_TOP_PAD = 128 << 10              # DEFAULT_TOP_PAD: kept mapped above the top when the heap is trimmed
 # Forwards replayed: the thresholds and the heap settle by the third; the last one's faults are charged.
 REPLAYED_FORWARDS = 3
+# The batch's results and the objects around them, allocated last and kept while the next batch runs.
+PIN_BYTES = 4096
 _MERGES = {"add", "cat", "stack"}
 
 
@@ -379,10 +396,9 @@ class _Heap:
         self.faulted = 0
 
     def malloc(self, size: int) -> list:
+        """A free chunk (best fit) if one is large enough, else the top if its mapped part is, else a fresh
+        mapping when `size` is at least the mmap threshold, else a top grown into fresh pages."""
         size = max(int(size), 1)
-        if size >= self.mmap_threshold:
-            self.faulted += size
-            return [None, size, False]
         fits = [c for c in self.chunks if c[2] and c[1] >= size]
         if fits:
             chunk = min(fits, key=lambda c: c[1])
@@ -391,12 +407,24 @@ class _Heap:
                 self.chunks.insert(index + 1, [chunk[0] + size, chunk[1] - size, True])
             chunk[1], chunk[2] = size, False
             return chunk
+        if size >= self.mmap_threshold and self.mapped - self.top < size:
+            self.faulted += size
+            return [None, size, False]
         chunk = [self.top, size, False]
         self.chunks.append(chunk)
         self.top += size
         if self.top > self.mapped:
             self.faulted += self.top - self.mapped
             self.mapped = self.top
+        return chunk
+
+    def pin(self) -> list:
+        """A small chunk carved from the top (as small objects are when the free lists are empty): while it
+        lives, the heap below it cannot be trimmed."""
+        chunk = [self.top, PIN_BYTES, False]
+        self.chunks.append(chunk)
+        self.top += PIN_BYTES
+        self.mapped = max(self.mapped, self.top)
         return chunk
 
     def free(self, chunk: list) -> None:
@@ -509,6 +537,7 @@ def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profil
     pixels = batch * layers[0].input_bytes  # the staged uint8 batch (the first layer is the normalisation)
     heap = _Heap(profile.mmap_threshold_bytes or (32 << 20))
     faulted = [0] * len(layers)
+    pinned = None
     for _ in range(REPLAYED_FORWARDS):
         staged = heap.malloc(pixels)
         live: dict[int, list] = {}
@@ -518,6 +547,10 @@ def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profil
                 live[id(tensor)] = heap.malloc(tensor.nbytes * batch * scale)
             if temporaries[i]:
                 heap.free(heap.malloc(temporaries[i]))
+            if i == len(outputs) - 1:  # the results outlive the batch, on top of the heap
+                previous, pinned = pinned, heap.pin()
+                if previous is not None:
+                    heap.free(previous)
             for dead in dies.get(i, ()):
                 heap.free(live.pop(id(dead)))
             faulted[i] = heap.faulted - before
