@@ -70,6 +70,8 @@ WARMUP = 1
 # Convolutions are timed at a small and a medium batch: per-image time changes with the batch (weights are
 # reordered once per call; large activations leave the cache), and the time model interpolates in between.
 CONV_BATCHES = (1, 8)
+# A GPU needs larger batches to fill: timed where the sidecar runs it (its auto batch on CUDA is 64).
+CUDA_CONV_BATCHES = (8, 64)
 # 1x1 convolutions at batch >= 16 run on oneDNN instead of a GEMM per image (one thread): timed there too.
 POINTWISE_ONEDNN_BATCH = 16
 GEMM_ROWS = (1, 8, 64)
@@ -639,7 +641,7 @@ def _convolutions(bench: _Bench, threads: int) -> tuple[list[dict], float, float
     call_us, weight_us = _line(weight_points)
     work = []
     for cin, cout, kernel, stride, groups, in_hw in CONV_GRID:
-        batches = list(CONV_BATCHES)
+        batches = list(CUDA_CONV_BATCHES if bench.cuda else CONV_BATCHES)
         if kernel == 1 and groups == 1 and stride == 1 and not bench.cuda:
             batches.append(POINTWISE_ONEDNN_BATCH)
         work.append([(cin, cout, kernel, stride, groups, in_hw, b) for b in batches])

@@ -40,8 +40,8 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.perf.calibrate import DeviceProfile, conv_backend
 from spark_cnn.perf.layers import LayerCost, ModelCost
 
-__all__ = ["BOUNDS", "PRECISIONS", "predict_batch_ms", "predict_layers_ms", "predict_peak_memory_bytes",
-           "predict_throughput"]
+__all__ = ["BOUNDS", "PRECISIONS", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
+           "predict_peak_memory_bytes", "predict_throughput", "predict_transfer_ms"]
 
 BOUNDS = ("compute", "memory", "overhead")
 # Precisions the profiles hold measurements for. bf16/fp16 need their own calibration tables (not yet).
@@ -118,6 +118,23 @@ def predict_batch_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pre
 def predict_throughput(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32") -> float:
     """Images per second of the compute stage at `batch`."""
     return batch * 1e3 / predict_batch_ms(cost, profile, batch, precision=precision)
+
+
+def predict_transfer_ms(profile: DeviceProfile, nbytes: int) -> float:
+    """Milliseconds to copy `nbytes` from pinned host memory to the device (0 on the CPU, where there is no
+    copy), interpolated from the calibrated copies; beyond them, at the largest copy's bandwidth."""
+    if not profile.h2d or nbytes <= 0:
+        return 0.0
+    sizes = [b for b, _ in profile.h2d]
+    times = [us for _, us in profile.h2d]
+    if nbytes >= sizes[-1]:
+        return times[-1] * nbytes / sizes[-1] / 1e3
+    return float(np.interp(nbytes, [0.0, *sizes], [times[0] * 0.5, *times])) / 1e3
+
+
+def predict_decode_ms(profile: DeviceProfile, images: int = 1) -> float:
+    """Milliseconds one core takes to decode, resize and crop `images` JPEGs (the benchmark's 320 px photos)."""
+    return profile.decode_ms * images
 
 
 def predict_peak_memory_bytes(cost: ModelCost, batch: int) -> int:
@@ -376,8 +393,6 @@ GLIBC_MMAP_THRESHOLD_MIN = 128 << 10   # DEFAULT_MMAP_THRESHOLD_MIN: where the d
 GLIBC_TOP_PAD = 128 << 10              # DEFAULT_TOP_PAD: kept mapped above the top when the heap is trimmed
 # Forwards replayed: the thresholds and the heap settle by the third; the last one's faults are charged.
 REPLAYED_FORWARDS = 3
-# The batch's results and the objects around them, allocated last and kept while the next batch runs.
-PIN_BYTES = 4096
 _MERGES = {"add", "cat", "stack"}
 
 
@@ -418,15 +433,6 @@ class _Heap:
             self.mapped = self.top
         return chunk
 
-    def pin(self) -> list:
-        """A small chunk carved from the top (as small objects are when the free lists are empty): while it
-        lives, the heap below it cannot be trimmed."""
-        chunk = [self.top, PIN_BYTES, False]
-        self.chunks.append(chunk)
-        self.top += PIN_BYTES
-        self.mapped = max(self.mapped, self.top)
-        return chunk
-
     def free(self, chunk: list) -> None:
         if chunk[0] is None:  # a mapped chunk: unmapped, and the thresholds may rise to its size, which
             # (request + header, rounded up to a page) exceeds the request: the same request comes from the heap
@@ -447,12 +453,13 @@ class _Heap:
 
 
 class _Tensor:
-    __slots__ = ("shape", "nbytes", "merge", "consumers", "reshapers")
+    __slots__ = ("shape", "nbytes", "merge", "consumers", "reshapers", "merged")
 
     def __init__(self, shape: tuple, nbytes: int, merge: bool = False):
         self.shape, self.nbytes, self.merge = shape, nbytes, merge
         self.consumers: list[int] = []
-        self.reshapers = 0  # consumers whose output had another shape: this tensor fed a branch
+        self.reshapers = 0    # consumers whose output had another shape: this tensor fed a branch
+        self.merged = False   # already read by a merge (add, mul, cat): its branch has been joined
 
 
 def _resolve_inputs(layers: Sequence[LayerCost]) -> tuple[list[list[_Tensor]], list[_Tensor | None]]:
@@ -480,6 +487,8 @@ def _resolve_inputs(layers: Sequence[LayerCost]) -> tuple[list[list[_Tensor]], l
             tensor.consumers.append(i)
             if out_shape != tensor.shape:
                 tensor.reshapers += 1
+            if layer.op in _MERGES or layer.op == "mul":
+                tensor.merged = True
         inputs.append(chosen)
         if layer.output_bytes == 0 or (layer.op in _IN_PLACE and out_shape == primary.shape):
             if layer.op in _MERGES:
@@ -510,7 +519,7 @@ def _extra_inputs(op: str, produced: list[_Tensor], primary: _Tensor, current: _
         return chosen
     if current is not primary and current.nbytes <= missing:  # a scale or gate just computed
         return [current]
-    same = [t for t in others if t.nbytes == missing]
+    same = [t for t in others if t.nbytes == missing and not t.merged]
     for rule in (lambda t: not t.consumers, lambda t: t.merge, lambda t: t.reshapers > 0):
         found = next((t for t in same if rule(t)), None)
         if found is not None:
@@ -537,7 +546,6 @@ def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profil
     pixels = batch * layers[0].input_bytes  # the staged uint8 batch (the first layer is the normalisation)
     heap = _Heap(profile.mmap_threshold_bytes or (32 << 20))
     faulted = [0] * len(layers)
-    pinned = None
     for _ in range(REPLAYED_FORWARDS):
         staged = heap.malloc(pixels)
         live: dict[int, list] = {}
@@ -547,10 +555,6 @@ def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profil
                 live[id(tensor)] = heap.malloc(tensor.nbytes * batch * scale)
             if temporaries[i]:
                 heap.free(heap.malloc(temporaries[i]))
-            if i == len(outputs) - 1:  # the results outlive the batch, on top of the heap
-                previous, pinned = pinned, heap.pin()
-                if previous is not None:
-                    heap.free(previous)
             for dead in dies.get(i, ()):
                 heap.free(live.pop(id(dead)))
             faulted[i] = heap.faulted - before

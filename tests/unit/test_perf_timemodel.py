@@ -1,0 +1,377 @@
+"""Device calibration, the per-batch time model and its validation: the profile's format and cache, torch's
+convolution backend rule, interpolation, the allocator replay that predicts page faults, and the measuring
+side, on synthetic profiles and tiny modules (the one real calibration here has a budget of a second)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.models.demo import DigitsCNN
+from spark_cnn.perf import timemodel
+from spark_cnn.perf.calibrate import (
+    PROFILE_VERSION,
+    DeviceProfile,
+    calibrate,
+    conv_backend,
+    default_threads,
+    device_key,
+    measure,
+)
+from spark_cnn.perf.layers import LayerCost, analyse
+from spark_cnn.perf.timemodel import (
+    HEADS_LAYER,
+    MODULES_LAYER,
+    NORMALISE_LAYER,
+    predict_batch_ms,
+    predict_layers_ms,
+    predict_peak_memory_bytes,
+    predict_throughput,
+)
+from spark_cnn.perf.validate import measure_batch_ms, measure_layers_ms, validate
+
+GFLOPS = 100.0          # the synthetic device: 100 GFLOP/s in every convolution and GEMM
+US_PER_BYTE = 1e-4      # elementwise curves: 10 GB/s
+CALL_US = 5.0           # and 5 us per call
+CURVE_KINDS = ("relu", "hardswish", "batch_norm", "add", "add_out", "max_pool2d_k3s2", "max_pool2d_k3s1",
+               "max_pool2d_k2s2", "relu6", "silu", "hardsigmoid", "sigmoid", "gelu", "mul", "cat", "copy",
+               "adaptive_avg_pool2d", "mean", "relu_out", "normalise", "heads")
+
+
+def _conv_us(cin, cout, kernel, stride, groups, in_hw, batch):
+    out_hw = (in_hw + 2 * (kernel // 2) - kernel) // stride + 1
+    flops = 2 * cout * (cin // groups) * kernel * kernel * out_hw * out_hw * batch
+    return out_hw, 20.0 + flops / (GFLOPS * 1e3)
+
+
+def synthetic_profile(**changes) -> DeviceProfile:
+    """A device where every measurement follows a simple law, so predictions can be checked by hand."""
+    sizes = [4096.0 * 4**i for i in range(8)]
+    curves = {kind: tuple((s, CALL_US + s * US_PER_BYTE) for s in sizes) for kind in CURVE_KINDS}
+    conv = []
+    for cin, cout, kernel, stride, groups in [(16, 16, 3, 1, 1), (64, 64, 3, 1, 1), (256, 256, 3, 1, 1),
+                                              (64, 128, 3, 2, 1), (64, 256, 1, 1, 1), (256, 64, 1, 1, 1),
+                                              (96, 96, 3, 1, 96), (3, 64, 7, 2, 1), (48, 48, 3, 1, 6)]:
+        for in_hw in (14, 56):
+            for batch in (1, 8, 16):
+                out_hw, us = _conv_us(cin, cout, kernel, stride, groups, in_hw, batch)
+                backend = conv_backend(cin, (kernel,) * 2, (stride,) * 2, (1, 1), groups, batch, (in_hw,) * 2, 1)
+                conv.append({"cin": cin, "cout": cout, "kernel": kernel, "stride": stride, "groups": groups,
+                             "in_hw": in_hw, "out_hw": out_hw, "batch": batch, "backend": backend, "us": us,
+                             "faults": 0})
+    gemm = [{"rows": r, "in_features": i, "out_features": o, "us": 2 * r * i * o / (GFLOPS * 1e3)}
+            for r in (1, 8, 64) for i, o in ((256, 1000), (1024, 1000), (4096, 4096))]
+    fields = dict(key="synthetic", device="cpu", threads=1, created="2026-01-01T00:00:00+00:00",
+                  device_name="synthetic", torch_version=torch.__version__, calibration_s=0.0, budget_s=0.0,
+                  fault_us_per_page=0.0, mmap_threshold_bytes=32 << 20,
+                  call_us={"module": 2.0, "function": 1.0, "container": 1.5}, curves=curves, conv=tuple(conv),
+                  conv_call_us=20.0, conv_weight_us_per_mib=0.0, gemm=tuple(gemm), decode_ms=2.0)
+    fields.update(changes)
+    return DeviceProfile(**fields)
+
+
+@pytest.fixture(scope="module")
+def profile() -> DeviceProfile:
+    return synthetic_profile()
+
+
+@pytest.fixture(scope="module")
+def digits_cost():
+    return analyse(DigitsCNN(), (3, 32, 32))
+
+
+# --- the profile ---------------------------------------------------------------------------------------------
+
+
+def test_profile_json_round_trip_and_immutability(profile):
+    again = DeviceProfile.from_json(profile.to_json())
+    assert again == profile
+    assert isinstance(again.conv, tuple) and isinstance(again.curves["relu"][0], tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        again.threads = 2
+
+
+def test_profile_of_another_version_is_refused(profile):
+    data = json.loads(profile.to_json())
+    data["version"] = PROFILE_VERSION + 1
+    with pytest.raises(ConfigError, match="calibrate again"):
+        DeviceProfile.from_json(json.dumps(data))
+    with pytest.raises(ConfigError, match="not a device profile"):
+        DeviceProfile.from_json("[1, 2]")
+
+
+def test_device_key_names_threads_and_torch():
+    key = device_key("cpu", 3)
+    assert key.startswith("cpu-") and "-3t-" in key and torch.__version__.split("+")[0] in key
+    assert device_key("cpu", 1) != key
+    with pytest.raises(ConfigError, match="'cpu' or 'cuda"):
+        device_key("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA")
+def test_cuda_without_cuda_says_so():
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        calibrate("cuda", budget_s=1.0)
+
+
+def test_default_threads_is_the_sidecars():
+    from spark_cnn.sidecar.runner import cpu_threads
+
+    assert default_threads() == cpu_threads(None)
+
+
+def test_calibrate_is_cached_and_refreshable(tmp_path):
+    threads = torch.get_num_threads()
+    first = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))
+    assert torch.get_num_threads() == threads  # restored
+    assert first.threads == 1 and first.conv and first.gemm and first.curves
+    assert first.calibration_s < 10
+    path = tmp_path / f"{first.key}.json"
+    assert path.exists()
+    assert calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path)).created == first.created
+    path.write_text(path.read_text().replace(f'"version": {PROFILE_VERSION}', '"version": 0'))
+    refreshed = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))  # stale: measured again
+    assert refreshed.version == PROFILE_VERSION and refreshed.created >= first.created
+    assert json.loads(path.read_text())["version"] == PROFILE_VERSION  # and cached again
+
+
+@pytest.mark.parametrize("bad", [{"budget_s": 0}, {"threads": 0}, {"threads": True}])
+def test_calibrate_rejects_bad_options(bad, tmp_path):
+    with pytest.raises(ConfigError):
+        calibrate("cpu", cache_dir=str(tmp_path), **bad)
+
+
+def test_measure_counts_calls_and_passes_fresh_arguments():
+    seen = []
+    timing = measure(seen.append, repeats=4, warmup=2, before=lambda: (len(seen),))
+    assert len(timing.seconds) == len(timing.faults) == 4
+    assert seen == list(range(6))  # each call got its own fresh argument
+    assert timing.best_s <= timing.median_s and timing.spread >= 0
+    assert timing.best_without_faults_s(1.0) >= 0.05 * timing.best_s
+
+
+# --- torch's convolution backend ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("batch", "cin", "cout", "kernel", "stride", "groups", "hw"), [
+    (1, 64, 256, 1, 1, 1, 56), (8, 64, 256, 1, 1, 1, 56), (16, 64, 256, 1, 1, 1, 56), (1, 64, 128, 1, 2, 1, 56),
+    (1, 64, 64, 3, 1, 1, 56), (1, 16, 16, 3, 1, 1, 5), (1, 16, 16, 5, 1, 1, 5), (1, 32, 32, 3, 1, 32, 28),
+    (1, 16, 8, 1, 1, 1, 1), (2, 16, 16, 3, 1, 1, 5),
+])
+def test_conv_backend_matches_torch(threads, batch, cin, cout, kernel, stride, groups, hw):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.empty(batch, cin, hw, hw).contiguous(memory_format=torch.channels_last)
+        w = torch.empty(cout, cin // groups, kernel, kernel)
+        pad = kernel // 2
+        torch_choice = torch._C._select_conv_backend(x, w, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0],
+                                                     groups)
+    finally:
+        torch.set_num_threads(previous)
+    ours = conv_backend(cin, (kernel, kernel), (stride, stride), (1, 1), groups, batch, (hw, hw), threads)
+    assert {"Mkldnn": "mkldnn", "Slow2d": "slow2d"}.get(str(torch_choice).split(".")[-1]) == ours
+
+
+# --- predictions on a synthetic device -----------------------------------------------------------------------
+
+
+def test_layers_include_the_sidecar_stages(profile, digits_cost):
+    rows = predict_layers_ms(digits_cost, profile, 4)
+    names = [layer.name for layer, _, _ in rows]
+    assert names[0] == NORMALISE_LAYER and names[-2:] == [HEADS_LAYER, MODULES_LAYER]
+    assert names[1:-2] == [layer.name for layer in digits_cost.layers]
+    assert all(ms > 0 and bound in timemodel.BOUNDS for _, ms, bound in rows)
+    assert predict_batch_ms(digits_cost, profile, 4) == pytest.approx(sum(ms for _, ms, _ in rows))
+    assert predict_throughput(digits_cost, profile, 4) == pytest.approx(4e3 / predict_batch_ms(digits_cost,
+                                                                                               profile, 4))
+
+
+def test_conv_time_follows_the_calibrated_rate(profile):
+    # A shape between grid points of a device that runs every convolution at 100 GFLOP/s: the interpolated
+    # cost per FLOP is that rate, whatever the neighbours' shapes.
+    cost = analyse(nn.Sequential(nn.Conv2d(128, 128, 3, padding=1, bias=False)), (128, 28, 28))
+    conv = cost.layers[0]
+    for batch in (1, 8, 32):
+        rows = {layer.name: (ms, bound) for layer, ms, bound in predict_layers_ms(cost, profile, batch)}
+        ms, bound = rows[conv.name]
+        assert ms * 1e3 == pytest.approx(20.0 + conv.flops_at(batch) / (GFLOPS * 1e3), rel=0.02)
+        assert bound == "compute"
+
+
+def test_elementwise_layers_read_their_curve(profile):
+    cost = analyse(nn.Sequential(nn.BatchNorm2d(16), nn.ReLU(inplace=True)), (16, 32, 32))
+    rows = {layer.name: ms for layer, ms, _ in predict_layers_ms(cost, profile, 8)}
+    nbytes = 16 * 32 * 32 * 4 * 8  # between two calibrated sizes: log-log interpolation of a line is close
+    assert rows["0"] * 1e3 == pytest.approx(CALL_US + nbytes * US_PER_BYTE, rel=0.03)
+    huge = 4096.0 * 4**7 * 8  # beyond the largest point: in proportion to the bytes
+    model = timemodel._Model.of(profile)
+    assert model.curve_us("relu", huge) == pytest.approx((CALL_US + 4096.0 * 4**7 * US_PER_BYTE) * 8)
+    assert model.curve_us("relu", 1.0) == pytest.approx(CALL_US + 4096 * US_PER_BYTE)  # the overhead floor
+
+
+def test_linear_interpolates_gemms(profile):
+    cost = analyse(nn.Sequential(nn.Flatten(), nn.Linear(1024, 1000)), (1024,))
+    linear = next(layer for layer in cost.layers if layer.op == "linear")
+    rows = {layer.name: ms for layer, ms, _ in predict_layers_ms(cost, profile, 8)}
+    assert rows[linear.name] * 1e3 == pytest.approx(2 * 8 * 1024 * 1000 / (GFLOPS * 1e3), rel=0.05)
+
+
+def test_time_grows_with_batch_and_threads_change_the_backend(profile, digits_cost):
+    times = [predict_batch_ms(digits_cost, profile, b) for b in (1, 2, 8, 32)]
+    assert times == sorted(times)
+    per_image = [t / b for t, b in zip(times, (1, 2, 8, 32), strict=True)]
+    assert per_image[0] > per_image[-1]  # fixed costs amortised
+
+
+def test_container_calls_are_counted():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 3, 1), nn.ReLU())
+
+        def forward(self, x):
+            return self.body(x)
+
+    cost = analyse(nn.Sequential(Block(), Block()), (3, 8, 8))
+    modules = timemodel._modules_layer(cost)
+    assert modules.shape["calls"] == 1 + 2 + 2  # the model; 0, 1; 0.body, 1.body
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda c, p: predict_batch_ms(c, p, 0), "positive integer"),
+    (lambda c, p: predict_batch_ms(c, p, 2, precision="bf16"), "precision"),
+    (lambda c, p: predict_batch_ms(c, object(), 2), "DeviceProfile"),
+])
+def test_bad_arguments(call, match, profile, digits_cost):
+    with pytest.raises(ConfigError, match=match):
+        call(digits_cost, profile)
+
+
+def test_peak_memory_adds_the_pixels(digits_cost):
+    assert predict_peak_memory_bytes(digits_cost, 4) == digits_cost.peak_memory_bytes(4) + 4 * 3 * 32 * 32
+
+
+# --- page faults: the allocator replay -----------------------------------------------------------------------
+
+
+def test_heap_maps_large_chunks_and_reuses_freed_memory():
+    heap = timemodel._Heap(32 << 20, settled=False)
+    big = heap.malloc(8 << 20)       # above the starting threshold: mapped, every page faults
+    assert heap.faulted == 8 << 20
+    heap.free(big)                   # ... and the threshold rises past it
+    again = heap.malloc(8 << 20)     # now from the heap: grows into fresh pages once
+    heap.free(again)
+    heap.faulted = 0
+    for _ in range(3):
+        heap.free(heap.malloc(8 << 20))
+    assert heap.faulted == 0         # reused, not trimmed (the free top is below twice the threshold)
+
+
+def test_heap_trims_a_large_free_top_and_faults_again():
+    heap = timemodel._Heap(32 << 20)  # settled: mmap threshold 32 MiB, trim threshold 64 MiB
+    chunks = [heap.malloc(24 << 20) for _ in range(3)]
+    for chunk in chunks:
+        heap.free(chunk)             # 72 MiB free on top: trimmed
+    heap.faulted = 0
+    heap.free(heap.malloc(24 << 20))
+    assert heap.faulted == (24 << 20) - timemodel.GLIBC_TOP_PAD  # all but the pad kept at the top
+    huge = heap.malloc(100 << 20)    # beyond the mapped top and above the threshold: a fresh mapping
+    assert heap.faulted == (124 << 20) - timemodel.GLIBC_TOP_PAD
+    heap.free(huge)
+
+
+class ResidualSE(nn.Module):
+    """A residual block with squeeze-excitation and a concatenation: the shapes the replay must connect."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.gate = nn.Conv2d(8, 8, 1)
+        self.c = nn.Conv2d(8, 4, 1)
+        self.d = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        x = self.a(x)
+        y = self.b(x)
+        y = y * torch.sigmoid(self.gate(self.pool(y)))
+        y = y + x
+        return torch.cat([self.c(y), self.d(y)], 1)
+
+
+def test_inputs_are_reconstructed_from_shapes():
+    cost = analyse(ResidualSE(), (8, 6, 6))
+    inputs, outputs = timemodel._resolve_inputs(cost.layers)
+    by_name = {layer.name: i for i, layer in enumerate(cost.layers)}
+    produced_by = {id(t): cost.layers[i].name for i, t in enumerate(outputs) if t is not None}
+    def names(layer):
+        return sorted(produced_by.get(id(t), "?") for t in inputs[by_name[layer]])
+    assert names("mul") == sorted(["b", "sigmoid"])   # the gate and the feature map it scales
+    assert names("add") == sorted(["mul", "a"])       # the residual: the block's input, not a neighbour
+    assert names("cat") == sorted(["c", "d"])         # the branches
+
+
+def test_faults_appear_only_at_large_batches(digits_cost):
+    profile = synthetic_profile(fault_us_per_page=1.0)
+    layers = (timemodel._normalise_layer(digits_cost), *digits_cost.layers, timemodel._heads_layer(digits_cost))
+    assert sum(timemodel._faulted_bytes(layers, 8, 1.0, profile)) == 0
+    faulted = timemodel._faulted_bytes(layers, 4096, 1.0, profile)  # 16 MiB per conv output: heap and maps
+    assert sum(faulted) > 0
+    with_faults = predict_batch_ms(digits_cost, profile, 4096)
+    assert with_faults > predict_batch_ms(digits_cost, synthetic_profile(), 4096)
+    assert with_faults - predict_batch_ms(digits_cost, synthetic_profile(), 4096) == pytest.approx(
+        sum(faulted) / 4096 * 1.0 / 1e3, rel=1e-6)
+
+
+# --- measuring -----------------------------------------------------------------------------------------------
+
+
+def test_measure_batch_ms_times_the_sidecar_stage():
+    model = DigitsCNN()
+    ms, spread = measure_batch_ms(model, (3, 32, 32), 4, repeats=3, warmup=1)
+    assert ms > 0 and spread >= 0
+    with pytest.raises(ConfigError, match="RGB"):
+        measure_batch_ms(model, (1, 32, 32), 4, repeats=1, warmup=0)
+    with pytest.raises(ConfigError, match="ModelRunner"):
+        measure_batch_ms(object(), (3, 32, 32), 4, repeats=1, warmup=0)
+
+
+def test_measure_layers_ms_names_layers_as_analyse_does(digits_cost):
+    measured = measure_layers_ms(DigitsCNN(), (3, 32, 32), 2, repeats=1)
+    assert {layer.name for layer in digits_cost.layers} <= set(measured)
+    assert {NORMALISE_LAYER, HEADS_LAYER} <= set(measured)
+    assert all(ms >= 0 for ms in measured.values())
+
+
+def test_validate_reports_errors_mape_and_repeatability(profile):
+    result = validate("digits", [1, 8], profile, module=DigitsCNN(), input_shape=(3, 32, 32), repeats=2,
+                      warmup=1, sweeps=2, layers_at=2)
+    assert [p["batch_size"] for p in result["points"]] == [1, 8]
+    for point in result["points"]:
+        # rounded to 3 decimals in the report
+        assert point["error"] == pytest.approx((point["predicted_ms"] - point["measured_ms"]) / point["measured_ms"],
+                                               rel=0.01, abs=2e-3)
+        assert len(point["sweeps_ms"]) == 2 and point["measured_ms"] == min(point["sweeps_ms"])
+    errors = [abs(p["error"]) for p in result["points"]]
+    assert result["mape"] == pytest.approx(100 * sum(errors) / 2, abs=0.02)
+    assert result["mape_ge8"] == pytest.approx(100 * errors[1], abs=0.02)
+    assert result["repeatability"]["sweeps"] == 2 and result["repeatability"]["mean_pct"] >= 0
+    assert result["layers"] and {"name", "predicted_ms", "measured_ms", "bound"} <= set(result["layers"][0])
+    assert math.isfinite(result["seconds"]) and len(result["load"]) == 2
+    with pytest.raises(ConfigError, match="batch_sizes"):
+        validate("digits", [0], profile, module=DigitsCNN(), input_shape=(3, 32, 32))
+
+
+def test_layer_cost_helpers_for_pseudo_layers(digits_cost):
+    normalise = timemodel._normalise_layer(digits_cost)
+    assert isinstance(normalise, LayerCost) and normalise.input_bytes == 3 * 32 * 32
+    assert timemodel._heads_layer(digits_cost).shape["numel"] == 10
