@@ -99,8 +99,10 @@ def test_demo_digits_model_matches_torch_and_reaches_accuracy(spark, demo_assets
     assert summary["errors"] == 0 and summary["accuracy"] >= 0.95
     # auto: the CPU starts at 8 and the online tuner may move it by powers of two within 1..64
     assert summary["batch_size"] in (1, 2, 4, 8, 16, 32, 64) and summary["sidecars"]
-    # what the tuner measured depends on the machine's load (partial batches do not count); its presence does not
-    assert all(s["tuning"]["start"] == 8 and "observed_images_per_s" in s["tuning"] for s in summary["sidecars"])
+    # the start is 8, or the model's pick once a test has calibrated this run's private device cache; what the
+    # tuner measured depends on the machine's load (partial batches do not count); its presence does not
+    assert all(s["tuning"]["start"] in (1, 2, 4, 8, 16, 32, 64) and "observed_images_per_s" in s["tuning"]
+               for s in summary["sidecars"])
     for sidecar in summary["sidecars"]:
         assert {"host", "executor", "pid", "device", "socket", "requests", "batches", "mean_batch_size"} <= set(sidecar)
     assert sum(s["images"] for s in summary["sidecars"]) == 1797
