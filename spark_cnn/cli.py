@@ -172,7 +172,7 @@ def _run_bench_sidecar(args: argparse.Namespace) -> int:
     print(f"  on           {result['on']:9.1f} img/s  (batch {result['batch_size']})")
     print(f"  off          {result['off']:9.1f} img/s  (batch {config.request_size})")
     print(f"  device_only  {result['device_only']:9.1f} img/s")
-    print(f"  on/off {result['on_over_off']:.2f}x   on/device_only {result['on_over_device_only']:.2f}")
+    print(f"  on/off {result['on_over_off']}x   on/device_only {result['on_over_device_only']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

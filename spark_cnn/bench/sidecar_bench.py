@@ -185,8 +185,9 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
         mean = {mode: statistics.mean(r["images_per_s"] for r in rounds if r["mode"] == mode) for mode in ("on", "off")}
         return {
             "on": round(mean["on"], 2), "off": round(mean["off"], 2), "device_only": round(device_only, 2),
-            "on_over_off": round(mean["on"] / mean["off"], 3),
-            "on_over_device_only": round(mean["on"] / device_only, 3),
+            # None where a window was too short for any image to complete (a smoke run on a loaded machine)
+            "on_over_off": round(mean["on"] / mean["off"], 3) if mean["off"] else None,
+            "on_over_device_only": round(mean["on"] / device_only, 3) if device_only else None,
             "batch_size": on_batch, "machine": machine_info(info.device), "device": info.device,
             "config": asdict(cfg), "rounds": rounds,
         }

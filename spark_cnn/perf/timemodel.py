@@ -5,19 +5,23 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
 
     t = fixed + work + faults
 
-- **fixed**: the per-call cost (Python module call, dispatch; for a oneDNN convolution also the reorder of
-  its weights to the blocked layout, which an eager NCHW-weight module pays on every call).
+- **fixed**: the per-call cost (Python module call, dispatch; for a oneDNN convolution also its weights,
+  reordered to the blocked layout on every call of an eager module: a cost per MiB of weights).
 - **work**: for convolutions, batch x per-image time, where the per-image time is the padded FLOPs times a
   measured cost per FLOP interpolated (inverse-distance, in log space) among the calibrated convolutions of
   the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
   channels per group, output channels, output size, kernel, stride and batch. oneDNN vectorises channels in
-  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16.
+  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16. The
+  backend follows torch's own rule (`calibrate.conv_backend`): on one thread a 1x1 convolution below batch
+  16 is a GEMM per image, from 16 on a oneDNN kernel, which is why per-image time can jump between 8 and 16.
   Linear layers interpolate the calibrated GEMMs the same way, normalised by a roofline (FLOPs against
   weight bytes streamed). Everything else reads its operator's calibrated time-vs-bytes curve, which holds
   its overhead at small sizes and its cache and memory bandwidth at large ones (log-log interpolation).
-- **faults**: fresh pages. glibc maps allocations of 32 MiB and more afresh on every call, so a layer whose
-  output is that large pays a page fault per 4 KiB page, measured by calibration (about 1.5 us each on the
-  development host: 0.4 ms per MiB, more than the layer's arithmetic for a batch-norm at batch 16).
+  Non-leaf modules (Sequentials, blocks) cost one calibrated call each ("<modules>").
+- **faults**: fresh pages, the term that grows fastest with the batch on a CPU. glibc gives large tensors
+  pages that fault when first written (about 1.7 us per 4 KiB page on the development host: 0.4 ms per MiB,
+  more than a batch norm's arithmetic); which tensors do depends on sizes and lifetimes, so the model
+  replays the forward's allocations through a reduced glibc (`_Heap`, below).
 
 The layout is channels-last throughout, as in the sidecar (see calibrate.py). Elementwise activations and
 residual adds are taken to run in place, as torchvision's do (ReLU(inplace=True), `out += identity`).
@@ -66,7 +70,7 @@ NORMALISE_LAYER = "<normalise>"
 HEADS_LAYER = "<heads>"
 MODULES_LAYER = "<modules>"
 
-# Layer op -> calibrated curve, and whether the op writes a new tensor (faults count only for those).
+# Layer op -> calibrated curve; ops that write in place (no new tensor); ops whose curve is keyed on input size.
 _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu6", "clamp_min": "relu",
            "hardswish": "hardswish", "hardsigmoid": "hardsigmoid", "silu": "silu", "sigmoid": "sigmoid",
            "gelu": "gelu", "tanh": "sigmoid", "elu": "sigmoid", "leaky_relu": "relu6", "mish": "gelu",
@@ -93,9 +97,12 @@ def _check(profile: DeviceProfile, batch: int, precision: str) -> None:
 
 def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *,
                       precision: str = "fp32") -> list[tuple[LayerCost, float, str]]:
-    """(layer, milliseconds, bound) for every layer at `batch`, in execution order, between the sidecar's
-    pseudo-layers "<normalise>" (first) and "<heads>" (last). `bound` is "compute", "memory" or "overhead":
-    the largest of the layer's terms (faults count as memory)."""
+    """(layer, milliseconds, bound) for every layer at `batch`, in execution order, after the sidecar's
+    pseudo-layer "<normalise>" and before "<heads>" and "<modules>" (the calls of non-leaf modules). `bound`
+    is "compute", "memory" or "overhead": the largest of the layer's terms (page faults count as memory).
+
+    The sum is predict_batch_ms. Names are the ModelCost's, so a per-layer measurement can be set beside
+    them (spark_cnn.perf.validate.layer_report)."""
     _check(profile, batch, precision)
     model = _Model.of(profile)
     scale = FP32 / cost.dtype_bytes

@@ -241,19 +241,25 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
              profile: DeviceProfile | None = None, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
              repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, sweeps: int = DEFAULT_SWEEPS,
              point_budget_s: float | None = DEFAULT_POINT_BUDGET_S, module: nn.Module | None = None,
-             layers_at: int | None = None) -> dict[str, Any]:
+             layers_at: int | None = None, isolate: bool | None = None) -> dict[str, Any]:
     """Predict and measure `model_name` (built as the sidecar builds it, random weights) at `batch_sizes`.
+
+    With `isolate` (the default when the model is given by name), every point is measured in a new Python
+    process that builds the model and runs only that batch size: a sidecar serving one batch size from its
+    own process. In one process, what ran before (smaller batches, other models) changes how the allocator
+    faults: squeezenet1_0 at batch 8 took 160 ms fresh and 175 to 235 ms after batches 1 and 2.
 
     Returns {"model", "device", "threads", "points": [{batch_size, predicted_ms, measured_ms, error,
     sweeps_ms, spread}], "mape", "mape_ge8" (percent), "repeatability" (per-point spread between sweeps,
-    percent: mean and max), "load" (1-minute load average before and after), "seconds"}; with `layers_at`,
-    also "layers": the per-layer report at that batch size.
+    percent: mean and max), "load" (1-minute load average before and after), "seconds", "protocol"}; with
+    `layers_at`, also "layers": the per-layer report at that batch size.
     """
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ConfigError(f"batch_sizes must be positive integers, got {batch_sizes!r}")
     if sweeps < 1:
         raise ConfigError(f"sweeps must be >= 1, got {sweeps}")
     profile = profile or calibrate("cpu")
+    isolate = module is None if isolate is None else isolate
     if module is None:
         from spark_cnn.models.loader import build_module
         module = build_module(model_name)
@@ -261,13 +267,16 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     runs: dict[int, list[float]] = {b: [] for b in batch_sizes}
     spreads: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    with _threads(profile.threads):
-        for _ in range(sweeps):
-            for b in batch_sizes:
-                ms, spread = measure_batch_ms(module, input_shape, b, repeats=repeats, warmup=warmup,
-                                              point_budget_s=point_budget_s)
-                runs[b].append(ms)
-                spreads[b].append(spread)
+    options = {"repeats": repeats, "warmup": warmup, "point_budget_s": point_budget_s}
+    for _ in range(sweeps):
+        for b in batch_sizes:
+            if isolate:
+                ms, spread = _measure_in_fresh_process(model_name, tuple(input_shape), b, profile.threads, options)
+            else:
+                with _threads(profile.threads):
+                    ms, spread = measure_batch_ms(module, input_shape, b, **options)
+            runs[b].append(ms)
+            spreads[b].append(spread)
     points = []
     for b in batch_sizes:
         measured = min(runs[b])
@@ -282,25 +291,27 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
               "repeatability": {"mean_pct": _mape(between), "max_pct": round(100 * max(between), 2) if between
                                 else None, "sweeps": sweeps},
               "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-              "seconds": round(time.perf_counter() - start, 1)}
+              "seconds": round(time.perf_counter() - start, 1),
+              "protocol": {**options, "isolated": isolate, "measured": "min over sweeps of min over calls"}}
     if layers_at is not None:
         result["layers"] = layer_report(module, profile, layers_at, cost=cost, input_shape=input_shape,
                                         threads=profile.threads)
     return result
 
 
-def validate_in_fresh_process(model_name: str, batch_sizes: Sequence[int], profile: DeviceProfile,
-                              **options: Any) -> dict[str, Any]:
-    """validate() in a new Python process: what ran before (other models, their allocations) changes how
-    the allocator faults and how warm the caches are, by up to 20% on the development host; a sidecar
-    serves one model from its own process, so each is measured from a clean one."""
+def _measure_in_fresh_process(model_name: str, input_shape: tuple, batch: int, threads: int,
+                              options: dict) -> tuple[float, float]:
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
-        return pool.apply(_validate_json, (model_name, list(batch_sizes), profile.to_json(), options))
+        return pool.apply(_measure_model, (model_name, input_shape, batch, threads, options))
 
 
-def _validate_json(model_name: str, batch_sizes: list[int], profile_json: str, options: dict) -> dict[str, Any]:
-    return validate(model_name, batch_sizes, DeviceProfile.from_json(profile_json), **options)
+def _measure_model(model_name: str, input_shape: tuple, batch: int, threads: int,
+                   options: dict) -> tuple[float, float]:
+    from spark_cnn.models.loader import build_module
+
+    torch.set_num_threads(threads)
+    return measure_batch_ms(build_module(model_name), input_shape, batch, **options)
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -338,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.models.split(","):
         options = {"repeats": args.repeats, "sweeps": args.sweeps, "point_budget_s": args.point_budget_s,
                    "layers_at": args.layers_at}
-        result = validate_in_fresh_process(name, batch_sizes, profile, **options)
+        result = validate(name, batch_sizes, profile, **options)
         results.append(result)
         print(_table(result), flush=True)
     if args.json:

@@ -19,8 +19,8 @@ def _bench_sidecars() -> list[int]:
 
 def test_bench_sidecar_reports_on_off_and_device_only(spark_cnn, tmp_path):
     out = tmp_path / "bench.json"
-    result = spark_cnn("bench-sidecar", "--model", "mobilenet_v3_small", "--clients", "2", "--seconds", "1",
-                       "--warmup", "0.5", "--rounds", "1", "--json", str(out))
+    result = spark_cnn("bench-sidecar", "--model", "mobilenet_v3_small", "--clients", "2", "--seconds", "3",
+                       "--warmup", "1", "--rounds", "1", "--json", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["on"] > 0 and data["off"] > 0 and data["device_only"] > 0
