@@ -3,10 +3,10 @@ measurement's own repeatability, and a per-layer report of where the prediction 
 
 What is timed is what the time model predicts: the sidecar's compute stage for one batch (normalise uint8
 NHWC pixels, the model, softmax and top-k), with the profile's thread count, under `torch.inference_mode`,
-after warm-up, keeping the minimum of repeated calls. Each batch size is measured in `sweeps` separate
-passes over all sizes; the point's measurement is the best of them, and how much the sweeps disagree is the
-repeatability reported beside the MAPE. Models are built with random weights (no downloads); time does not
-depend on the weights' values.
+after warm-up, keeping the minimum of repeated calls, each batch size in a fresh process (see validate()).
+Each batch size is measured in `sweeps` separate passes over all sizes; the point's measurement is the best
+of them, and how much the sweeps disagree is the repeatability reported beside the MAPE. Models are built
+with random weights (no downloads); time does not depend on the weights' values.
 
     python -m spark_cnn.perf.validate --models resnet18,mobilenet_v3_small --batch-sizes 1,2,4,8,16,32,64
 """
@@ -41,12 +41,12 @@ __all__ = ["DEFAULT_BATCH_SIZES", "layer_report", "measure_batch_ms", "measure_l
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # Calls per point. The first call at a new batch size builds oneDNN's kernels for the new shapes and the
-# second still finds the allocator unsettled (efficientnet_b0 at batch 1: 32, 24, then 21 ms for every call
-# after), so 2 warm-up calls. Then up to 5 timed calls within the point's budget: heavy points (googlenet at
-# batch 64 runs for 3 s on one core) get fewer, never fewer than MIN_REPEATS.
+# next ones still find the allocator unsettled (squeezenet1_0 at batch 8: 254, 194, 170, then 164 +- 3 ms),
+# so 3 warm-up calls. Then up to 5 timed calls within the point's budget: heavy points (googlenet at batch 64
+# runs for 3 s on one core) get fewer, never fewer than MIN_REPEATS.
 DEFAULT_REPEATS = 5
-DEFAULT_WARMUP = 2
-MIN_REPEATS = 3
+DEFAULT_WARMUP = 3
+MIN_REPEATS = 2
 DEFAULT_POINT_BUDGET_S = 4.0
 DEFAULT_SWEEPS = 2
 # The issue's targets: MAPE over batch >= 8, and over every size.
@@ -129,7 +129,7 @@ def _timed(run: Callable[[], Any]) -> float:
 
 def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int, *,
                       repeats: int = DEFAULT_REPEATS) -> dict[str, float]:
-    """Milliseconds per layer (minimum over `repeats` forwards, after one warm-up), named as
+    """Milliseconds per layer (minimum over `repeats` forwards, after two warm-up ones), named as
     `spark_cnn.perf.layers.analyse` names fx layers, plus NORMALISE_LAYER and HEADS_LAYER.
 
     The module runs as its torch.fx graph, node by node, each node timed where it runs in the sequence (its
