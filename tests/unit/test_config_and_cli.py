@@ -6,7 +6,8 @@ import copy
 
 import pytest
 
-from spark_cnn import cli
+from spark_cnn.cli import build_parser
+from spark_cnn.cli.classify import classify_config
 from spark_cnn.config import DEFAULT_REQUEST_ROWS, ClassifyConfig, parse_batch_size
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
@@ -20,7 +21,7 @@ def _config(**changes) -> ClassifyConfig:
 
 
 def _parse(*flags: str) -> ClassifyConfig:
-    return cli.classify_config(cli.build_parser().parse_args(["classify", "imgs/", "out.parquet", *flags]))
+    return classify_config(build_parser().parse_args(["classify", "imgs/", "out.parquet", *flags]))
 
 
 # --- ClassifyConfig -------------------------------------------------------------------------------------------

@@ -1,0 +1,5 @@
+import sys
+
+from spark_cnn.cli import main
+
+sys.exit(main())
