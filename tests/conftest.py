@@ -28,6 +28,25 @@ def private_device_cache():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_runtime_dir():
+    """Sidecar sockets and files of this run in their own 0700 directory (sidecars and Spark workers inherit it),
+    so concurrent runs on one machine never see each other's sidecars."""
+    from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV
+
+    folder = tempfile.mkdtemp(prefix="spark_cnn_run_")
+    previous = os.environ.get(RUNTIME_DIR_ENV)
+    os.environ[RUNTIME_DIR_ENV] = folder
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop(RUNTIME_DIR_ENV, None)
+        else:
+            os.environ[RUNTIME_DIR_ENV] = previous
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def demo_assets():
     """The demo's digits folder, labels and trained weights, made once (as `make run` does)."""
