@@ -57,3 +57,71 @@ def write_files(root: str, files: dict[str, bytes]) -> str:
         with open(path, "wb") as f:
             f.write(data)
     return root
+
+
+# --- the decoding corpus (issue #5): real files from installed packages, and generated broken ones ----------
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".gif")
+# Limits the corpus is run with: above every real file in it (the largest skimage image is retina.jpg,
+# 1411x1411 = 2.0 MP; the largest file astronaut.png, 0.8 MB), below the two files made to exceed them.
+CORPUS_MAX_PIXELS = 3_000_000
+CORPUS_MAX_FILE_BYTES = 1_000_000
+
+
+def skimage_data_files() -> dict[str, bytes]:
+    """Every image file shipped in scikit-image's data folder: grayscale, RGB, RGBA PNGs, JPEGs, multi-page
+    TIFFs (one planar float64 RGB), an animated GIF."""
+    import skimage
+
+    folder = os.path.join(os.path.dirname(skimage.__file__), "data")
+    return {f"skimage/{name}": _read(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
+            if name.lower().endswith(IMAGE_EXTENSIONS)}
+
+
+def sklearn_photo_files() -> dict[str, bytes]:
+    """scikit-learn's sample photos, the JPEG files as shipped."""
+    import sklearn.datasets
+
+    folder = os.path.join(os.path.dirname(sklearn.datasets.__file__), "images")
+    return {f"sklearn/{name}": _read(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
+            if name.lower().endswith(IMAGE_EXTENSIONS)}
+
+
+def corpus_broken_files() -> dict[str, bytes]:
+    """Files that must each give a row with an error, under CORPUS_MAX_PIXELS / CORPUS_MAX_FILE_BYTES."""
+    from sklearn.datasets import load_sample_image
+
+    whole = _jpeg(Image.fromarray(load_sample_image("flower.jpg")))
+    noise = np.random.default_rng(5).integers(0, 256, (640, 640, 3), dtype=np.uint8)  # incompressible
+    return {
+        "broken/truncated.jpg": whole[: len(whole) // 2],
+        "broken/zero_bytes.jpg": b"",
+        "broken/random_bytes.jpg": np.random.default_rng(7).bytes(4096),
+        "broken/text_named.jpg": b"this is a text file, not a JPEG\n" * 20,
+        "broken/too_many_pixels.png": _png(Image.new("L", (2000, 1600), 128)),  # 3.2 MP, a few KB
+        "broken/too_many_bytes.png": _png(Image.fromarray(noise)),  # 1.2 MB, only 0.4 MP
+    }
+
+
+def decoding_corpus() -> dict[str, bytes]:
+    return {**skimage_data_files(), **sklearn_photo_files(), **corpus_broken_files()}
+
+
+def png_bomb(width: int, height: int) -> bytes:
+    """A valid grayscale PNG of `width` x `height` zeros, compressed ~1000:1: a decompression bomb."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    compressor = zlib.compressobj(9)
+    row = b"\0" * (width + 1)  # filter byte + pixels
+    idat = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

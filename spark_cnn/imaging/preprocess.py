@@ -1,6 +1,7 @@
 """Decode image bytes and bring them to the model's input size, as uint8 pixels.
 
-This runs in Spark tasks, so it needs only Pillow and NumPy (no torch). The geometry follows torchvision's
+This runs in Spark tasks and in the sidecar's decoding threads, so it needs only Pillow and NumPy (no torch).
+Decoding itself, with its guard rails, lives in imaging.decode. The geometry follows torchvision's
 `Resize(shorter_side)` + `CenterCrop(size)` on PIL images exactly, so results match a plain torchvision pipeline.
 Scaling to [0, 1] and mean/std normalisation happen later, on the device (see `imaging.tensors`), because
 uint8 pixels are 4x smaller than float32 on the wire.
@@ -8,13 +9,17 @@ uint8 pixels are 4x smaller than float32 on the wire.
 
 from __future__ import annotations
 
-import io
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from spark_cnn.errors import ConfigError, ImageError
+from spark_cnn.imaging.decode import decode_for_resize, decode_rgb
+from spark_cnn.imaging.options import DEFAULT_DECODE, DecodeOptions
+
+__all__ = ["DEFAULT_CROP", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "Preprocessing", "center_crop",
+           "decode_rgb", "preprocess_pixels", "resize_shorter_side"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -63,28 +68,19 @@ class Preprocessing:
         return (self.crop, self.crop, 3)
 
 
-def decode_rgb(data: bytes) -> Image.Image:
-    """Decode image bytes to an RGB PIL image, honouring EXIF orientation."""
-    if not data:
-        raise ImageError("empty file (0 bytes)")
-    try:
-        image = Image.open(io.BytesIO(data))
-        image.load()
-        image = ImageOps.exif_transpose(image)
-        return image.convert("RGB")
-    except Exception as e:  # Pillow raises many unrelated types for bad files
-        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | None = None) -> Image.Image:
+    """Resize so the shorter side is `size`, as torchvision's `Resize(size)` does (bilinear, antialiased).
 
-
-def resize_shorter_side(image: Image.Image, size: int) -> Image.Image:
-    """Resize so the shorter side is `size`, as torchvision's `Resize(size)` does (bilinear, antialiased)."""
-    width, height = image.size
+    box: the part of `image` that holds the picture (imaging.decode.decode_for_resize); the new size is
+    computed from its width and height, as from the full-size picture's.
+    """
+    width, height = (box[2] - box[0], box[3] - box[1]) if box is not None else image.size
     short, long = (width, height) if width <= height else (height, width)
-    if short == size:
+    if short == size and box is None:
         return image
     new_short, new_long = size, int(size * long / short)
     new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
-    return image.resize((new_w, new_h), Image.BILINEAR)
+    return image.resize((new_w, new_h), Image.BILINEAR, box=box)
 
 
 def center_crop(image: Image.Image, size: int) -> Image.Image:
@@ -95,9 +91,14 @@ def center_crop(image: Image.Image, size: int) -> Image.Image:
     return image.crop((left, top, left + size, top + size))
 
 
-def preprocess_pixels(data: bytes, prep: Preprocessing) -> np.ndarray:
-    """Image bytes -> uint8 array of shape `prep.pixel_shape` (H, W, RGB). Raises ImageError on bad input."""
-    image = center_crop(resize_shorter_side(decode_rgb(data), prep.resize), prep.crop)
+def preprocess_pixels(data: bytes, prep: Preprocessing, options: DecodeOptions = DEFAULT_DECODE) -> np.ndarray:
+    """Image bytes -> uint8 array of shape `prep.pixel_shape` (H, W, RGB). Raises ImageError on bad input.
+
+    Large JPEGs decode at a reduced DCT scale (options.reduced_dct): the result then differs from a full
+    decode + resize by the small amounts docs/benchmarks.md gives; everything else matches torchvision exactly.
+    """
+    image, box = decode_for_resize(data, options, min_short_side=prep.resize)
+    image = center_crop(resize_shorter_side(image, prep.resize, box), prep.crop)
     pixels = np.asarray(image, dtype=np.uint8)
     if pixels.shape != prep.pixel_shape:  # a guard against a mode Pillow converted unexpectedly
         raise ImageError(f"preprocessed image has shape {pixels.shape}, expected {prep.pixel_shape}")

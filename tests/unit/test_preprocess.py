@@ -104,14 +104,23 @@ def test_grayscale_becomes_three_equal_channels():
     assert np.array_equal(pixels, _torchvision(data, Preprocessing()))
 
 
-def test_rgba_drops_alpha():
+def test_rgba_is_composited_on_white():
     rgb = _photo("flower.jpg")
     rgba = rgb.copy()
     rgba.putalpha(Image.new("L", rgb.size, 77))
     prep = Preprocessing()
-    pixels = preprocess_pixels(_bytes(rgba, "PNG"), prep)
+    pixels = preprocess_pixels(_bytes(rgba, "PNG"), prep).astype(int)
+    opaque = preprocess_pixels(_bytes(rgb, "PNG"), prep).astype(int)
     assert pixels.shape == (224, 224, 3)
-    assert np.array_equal(pixels, preprocess_pixels(_bytes(rgb, "PNG"), prep))
+    expected = opaque * 77 / 255 + 255 * (1 - 77 / 255)  # what a viewer shows on a white page
+    assert np.abs(pixels - expected).max() <= 2  # composited, then resized: two roundings
+
+
+def test_opaque_rgba_equals_rgb():
+    rgb = _photo("flower.jpg")
+    rgba = rgb.convert("RGBA")
+    prep = Preprocessing()
+    assert np.array_equal(preprocess_pixels(_bytes(rgba, "PNG"), prep), preprocess_pixels(_bytes(rgb, "PNG"), prep))
 
 
 def test_palette_image_becomes_rgb():

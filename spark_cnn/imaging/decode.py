@@ -1,0 +1,182 @@
+"""Image file bytes -> an upright 8-bit RGB image, behind the guard rails, as fast as the target size allows.
+
+Order of work, cheapest refusal first: empty file, file size, then the header (format and size, read by
+Pillow without decoding pixels) against the pixel limit, then the pixels of the first frame only (multi-page
+TIFF, animated GIF/PNG/WebP). Large JPEGs decode at 1/2, 1/4 or 1/8 scale in the DCT (libjpeg's scaled
+decoding, through Pillow's `draft` or simplejpeg), choosing the largest scale that keeps the decoded shorter
+side >= `DecodeOptions.dct_headroom` (2) x the size the caller will resize to. EXIF orientation
+is applied; every mode becomes RGB as imaging.modes describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+
+from PIL import Image, UnidentifiedImageError
+
+from spark_cnn.errors import ImageError
+from spark_cnn.imaging import fastjpeg, tiff
+from spark_cnn.imaging.modes import to_rgb
+from spark_cnn.imaging.options import DEFAULT_DECODE, DecodeOptions
+
+EXIF_ORIENTATION = 0x0112
+# EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose does).
+UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+           5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+           8: Image.Transpose.ROTATE_90}
+DCT_SCALES = (8, 4, 2)  # the power-of-two reductions libjpeg offers (Pillow's draft takes only these)
+FAST_JPEG_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs go through Pillow, which undoes Adobe's inversion
+
+
+def dct_scale(width: int, height: int, min_short_side: int | None, headroom: int = 1) -> int:
+    """The largest of 8, 4, 2 by which the image can shrink with its shorter side still >= `headroom` x
+    `min_short_side`; 1 when none can (or no target is given)."""
+    if not min_short_side:
+        return 1
+    short = min(width, height)
+    return next((s for s in DCT_SCALES if short >= min_short_side * headroom * s), 1)
+
+
+def decode_rgb(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
+               min_short_side: int | None = None) -> Image.Image:
+    """Decode image bytes to an upright RGB PIL image. Raises ImageError, saying why, for any file it refuses.
+
+    min_short_side: the shorter side the caller needs (the resize target); JPEGs may then decode smaller
+    (when `options.reduced_dct` allows), and the result may carry a margin: see `decode_for_resize`.
+    """
+    image, box = decode_for_resize(data, options, min_short_side=min_short_side)
+    return image if box is None or box == (0, 0, *image.size) else image.crop(tuple(round(v) for v in box))
+
+
+def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
+                      min_short_side: int | None = None) -> tuple[Image.Image, tuple[float, ...] | None]:
+    """Like decode_rgb, plus the box (left, top, right, bottom, in the returned image's pixels) that holds the
+    whole picture, or None when that is the whole image.
+
+    A JPEG decoded at 1/s scale has ceil(size / s) pixels per side, and its last row and column stand for
+    less than s source pixels; resizing from the box (`Image.resize(..., box=)`) keeps the geometry of a
+    full decode exactly.
+    """
+    check_file_size(data, options)
+    try:
+        with _pillow_limit_warnings(options):
+            image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError as e:
+        if tiff.is_tiff(data) and tiff.available():
+            return _decode_tiff_fallback(data, options), None
+        raise ImageError(f"cannot decode image: UnidentifiedImageError: not an image format Pillow reads "
+                         f"(starts with {data[:8]!r})") from e
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"image too large: {e} (Pillow's own limit)") from e
+    except Exception as e:  # Pillow raises many unrelated types for bad headers
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+    check_pixels(*image.size, options)
+    try:
+        return _decode_pixels(data, image, options, min_short_side)
+    except ImageError:
+        raise
+    except Exception as e:  # truncated data, corrupt streams, unsupported modes
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+def check_file_size(data: bytes, options: DecodeOptions = DEFAULT_DECODE) -> None:
+    """Refuse empty files and files over `options.max_file_bytes`, before any parsing."""
+    if not data:
+        raise ImageError("empty file (0 bytes)")
+    if len(data) > options.max_file_bytes:
+        raise ImageError(f"file too large: {len(data)} bytes, more than --max-file-bytes {options.max_file_bytes}")
+
+
+def check_pixels(width: int, height: int, options: DecodeOptions = DEFAULT_DECODE) -> None:
+    """Refuse images over `options.max_pixels` (decompression bombs), from their header size."""
+    if width * height > options.max_pixels:
+        raise ImageError(f"image too large: {width}x{height} = {width * height} pixels, more than --max-pixels "
+                         f"{options.max_pixels}")
+
+
+def _decode_pixels(data: bytes, image: Image.Image, options: DecodeOptions, min_short_side: int | None
+                   ) -> tuple[Image.Image, tuple[float, ...] | None]:
+    width, height = image.size
+    orientation = _orientation(image) if image.format == "JPEG" else None  # JPEG's EXIF precedes its pixels
+    reduce = image.format == "JPEG" and options.reduced_dct
+    scale = dct_scale(width, height, min_short_side, options.dct_headroom) if reduce else 1
+    decoded = None
+    if image.format == "JPEG" and image.mode in FAST_JPEG_MODES and _use_fast_jpeg(options):
+        try:
+            pixels = fastjpeg.decode_scaled(data, width, height, scale)
+        except ValueError:  # strict libjpeg-turbo refused it: Pillow decides, as it does without simplejpeg
+            pixels = None
+        if pixels is not None:
+            decoded = Image.fromarray(pixels)
+    if decoded is None:
+        if scale > 1:
+            image.draft(image.mode, (width // scale, height // scale))
+        with _pillow_limit_warnings(options):
+            image.load()  # the first frame only: Pillow opens multi-frame files at frame 0
+        decoded = image
+        if orientation is None:
+            orientation = _orientation(image)  # PNG and WebP may store EXIF after the pixels
+    if decoded.size != (width, height) and decoded.size != (-(-width // scale), -(-height // scale)):
+        raise ImageError(f"cannot decode image: decoded {decoded.size}, expected {width}x{height} / {scale}")
+    box = None if scale == 1 else _upright_box(decoded.size, (width / scale, height / scale), orientation)
+    upright = decoded.transpose(UPRIGHT[orientation]) if orientation in UPRIGHT else decoded
+    return to_rgb(upright), box
+
+
+def _upright_box(decoded: tuple[int, int], picture: tuple[float, float], orientation: int
+                 ) -> tuple[float, float, float, float]:
+    """Where the picture (the top-left `picture` of the `decoded` pixels) lies once the image is transposed
+    upright; the margin is the right and bottom edge before transposing."""
+    (dw, dh), (pw, ph) = decoded, picture
+    return {
+        2: (dw - pw, 0, dw, ph),                # mirrored left-right
+        3: (dw - pw, dh - ph, dw, dh),          # rotated 180
+        4: (0, dh - ph, pw, dh),                # mirrored top-bottom
+        5: (0, 0, ph, pw),                      # transposed
+        6: (dh - ph, 0, dh, pw),                # rotated 270 (clockwise)
+        7: (dh - ph, dw - pw, dh, dw),          # transverse
+        8: (0, dw - pw, ph, dw),                # rotated 90
+    }.get(orientation, (0, 0, pw, ph))
+
+
+def _use_fast_jpeg(options: DecodeOptions) -> bool:
+    if options.jpeg_decoder == "pillow":
+        return False
+    if options.jpeg_decoder == "simplejpeg" and not fastjpeg.available():
+        raise ImageError("the simplejpeg decoder was asked for but is not installed (pip install simplejpeg)")
+    return fastjpeg.available()
+
+
+def _orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(EXIF_ORIENTATION, 1))
+    except Exception:  # unreadable EXIF: keep the image as stored rather than refuse it
+        return 1
+
+
+def _decode_tiff_fallback(data: bytes, options: DecodeOptions) -> Image.Image:
+    try:
+        width, height = tiff.first_page_size(data)
+    except Exception as e:
+        raise ImageError(f"cannot decode image: TIFF header unreadable: {type(e).__name__}: {e}") from e
+    check_pixels(width, height, options)
+    try:
+        return Image.fromarray(tiff.first_page_rgb(data))
+    except ImageError:
+        raise
+    except Exception as e:
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+@contextlib.contextmanager
+def _pillow_limit_warnings(options: DecodeOptions):
+    """Pillow warns above its own MAX_IMAGE_PIXELS; when --max-pixels allows more, our limit decides."""
+    if Image.MAX_IMAGE_PIXELS is None or options.max_pixels <= Image.MAX_IMAGE_PIXELS:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        yield
+

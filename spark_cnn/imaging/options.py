@@ -1,0 +1,86 @@
+"""How images are decoded, and the guard rails every file passes before its pixels are decoded.
+
+The limits protect the processes that decode (Spark tasks and the sidecar): a file is refused with an
+ImageError, which becomes that row's `error`, instead of exhausting memory. `--max-file-bytes` is checked
+before any parsing, `--max-pixels` on the image header, before a single pixel is decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from PIL import Image
+
+from spark_cnn.errors import ConfigError
+
+# Pillow warns (DecompressionBombWarning) above this many pixels, and refuses twice as many: 89.5 MP, a
+# quarter GiB of 8-bit RGB. Keeping our default at Pillow's warning threshold bounds one decoded image to
+# 256 MiB per decoding process and keeps Pillow quiet on every image we accept.
+DEFAULT_MAX_PIXELS = 89_478_485
+# 64 MiB: well above compressed photos of up to the pixel limit; sixteen such files (one sidecar request of
+# DEFAULT_REQUEST_ROWS) still fit the protocol's 1 GiB message. Uncompressed TIFFs near the pixel limit
+# need it raised.
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
+# A single file must fit one sidecar message (protocol.MAX_PAYLOAD_BYTES = 1 GiB) with room to spare.
+MAX_FILE_BYTES_CEILING = 512 * 1024 * 1024
+JPEG_DECODERS = ("auto", "pillow", "simplejpeg")
+# Reduced DCT decoding keeps the decoded shorter side >= this many times the resize target, so the antialiased
+# resize after it still averages >= 2 pixels per output pixel. Measured with `spark-cnn bench-decode` (resize
+# 256, docs/benchmarks.md "Reading side"): against full decode + resize, headroom 1 differed by up to 2.2 grey
+# levels on average (max 32) and headroom 2 by up to 0.5 (max 8).
+DEFAULT_DCT_HEADROOM = 2
+
+
+def pillow_pixel_ceiling() -> int | None:
+    """The most pixels Pillow opens at all (2 x Image.MAX_IMAGE_PIXELS); None if a user switched it off."""
+    return None if Image.MAX_IMAGE_PIXELS is None else 2 * Image.MAX_IMAGE_PIXELS
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """Guard rails and decoder choices, the same in Spark tasks and in the sidecar.
+
+    max_pixels: images with more pixels (width x height, from the header) are refused before decoding.
+    max_file_bytes: larger files are refused before they are parsed.
+    reduced_dct: decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays >= dct_headroom x the
+    resize target.
+    jpeg_decoder: `auto` uses simplejpeg when installed, else Pillow; `pillow` or `simplejpeg` force one.
+
+    >>> DecodeOptions(max_pixels=1_000_000).max_file_bytes == DEFAULT_MAX_FILE_BYTES
+    True
+    """
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    reduced_dct: bool = True
+    jpeg_decoder: str = "auto"
+    dct_headroom: int = DEFAULT_DCT_HEADROOM
+
+    def __post_init__(self) -> None:
+        for name in ("max_pixels", "max_file_bytes", "dct_headroom"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {value}: expected a positive integer")
+        ceiling = pillow_pixel_ceiling()
+        if ceiling is not None and self.max_pixels > ceiling:
+            raise ConfigError(f"--max-pixels {self.max_pixels}: Pillow refuses images above {ceiling} pixels as "
+                              f"decompression bombs; give at most {ceiling}")
+        if self.max_file_bytes > MAX_FILE_BYTES_CEILING:
+            raise ConfigError(f"--max-file-bytes {self.max_file_bytes}: a file must fit one sidecar message; "
+                              f"give at most {MAX_FILE_BYTES_CEILING}")
+        if self.jpeg_decoder not in JPEG_DECODERS:
+            raise ConfigError(f"JPEG decoder {self.jpeg_decoder!r}: expected one of {', '.join(JPEG_DECODERS)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> DecodeOptions:
+        unknown = set(data or {}) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown decode option(s) {sorted(unknown)}; "
+                              f"expected {sorted(cls.__dataclass_fields__)}")
+        return cls(**(data or {}))
+
+
+DEFAULT_DECODE = DecodeOptions()
