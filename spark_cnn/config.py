@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError
+from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
@@ -44,6 +45,8 @@ class ClassifyConfig:
     request_rows: int = DEFAULT_REQUEST_ROWS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -67,9 +70,15 @@ class ClassifyConfig:
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads {self.threads}: expected a positive integer")
         _ = self.run_options  # validates precision and batch size
+        _ = self.decode_options  # validates the guard rails
         if self.idle_timeout_s <= 0:
             raise ConfigError(f"sidecar idle timeout must be positive, got {self.idle_timeout_s}")
 
+
+    @property
+    def decode_options(self) -> DecodeOptions:
+        """Guard rails for every decode, in the tasks and in the sidecar."""
+        return DecodeOptions(max_pixels=self.max_pixels, max_file_bytes=self.max_file_bytes)
 
     @property
     def run_options(self) -> RunOptions:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from spark_cnn.cli.common import floats
+from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 
 
 def add_classify_options(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +33,11 @@ def add_classify_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: half the cores)")
     run.add_argument("--on-error", default="record", choices=["record", "fail"],
                      help="an unreadable image: record it in the error column, or fail the job")
+    run.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                     help="refuse images with more pixels, from the header, before decoding (decompression bombs; "
+                          f"default {DEFAULT_MAX_PIXELS}, Pillow's own warning threshold)")
+    run.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
+                     help=f"refuse larger files before parsing them (default {DEFAULT_MAX_FILE_BYTES}, 64 MiB)")
     out = parser.add_argument_group("output")
     out.add_argument("--logits", action="store_true", help="add the logits column")
     out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
@@ -60,7 +66,8 @@ def classify_config(args: argparse.Namespace):
         labels=args.labels, top_k=args.top_k, master=args.master, batch_size=parse_batch_size(args.batch_size),
         device=args.device, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
         decode=args.decode, threads=args.threads, on_error=args.on_error, summary=args.summary, logits=args.logits,
-        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet)
+        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet,
+        max_pixels=args.max_pixels, max_file_bytes=args.max_file_bytes)
 
 
 def report(summary: dict) -> str:

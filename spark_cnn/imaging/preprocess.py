@@ -98,8 +98,11 @@ def preprocess_pixels(data: bytes, prep: Preprocessing, options: DecodeOptions =
     decode + resize by the small amounts docs/benchmarks.md gives; everything else matches torchvision exactly.
     """
     image, box = decode_for_resize(data, options, min_short_side=prep.resize)
-    image = center_crop(resize_shorter_side(image, prep.resize, box), prep.crop)
-    pixels = np.asarray(image, dtype=np.uint8)
+    try:
+        image = center_crop(resize_shorter_side(image, prep.resize, box), prep.crop)
+        pixels = np.asarray(image, dtype=np.uint8)
+    except Exception as e:  # e.g. MemoryError: this image fails, the task goes on
+        raise ImageError(f"cannot resize image: {type(e).__name__}: {e}") from e
     if pixels.shape != prep.pixel_shape:  # a guard against a mode Pillow converted unexpectedly
         raise ImageError(f"preprocessed image has shape {pixels.shape}, expected {prep.pixel_shape}")
     return pixels

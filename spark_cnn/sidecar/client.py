@@ -26,11 +26,12 @@ DEFAULT_MAX_IN_FLIGHT = 4
 class SidecarClient:
     """One connection to a sidecar, bound to one endpoint (model + heads), one job id, run options (a dict of
     `runner.RunOptions` fields; `batch_size` None is the sidecar's choice) and where images are decoded
-    (`task`: requests carry pixels; `sidecar` or `gpu`: requests carry files)."""
+    (`task`: requests carry pixels; `sidecar` or `gpu`: requests carry files, decoded under `decode_options`,
+    imaging.DecodeOptions fields: the guard rails)."""
 
     def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
                  batch_size: int | None = None, options: dict | None = None, decode: str = "task",
-                 timeout_s: float = REPLY_TIMEOUT_S):
+                 timeout_s: float = REPLY_TIMEOUT_S, decode_options: dict | None = None):
         self.socket_path = socket_path
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -39,6 +40,7 @@ class SidecarClient:
             self._sock.connect(socket_path)
             protocol.send_json(self._sock, Kind.HELLO, next(self._ids),
                                {"token": token, "endpoint": endpoint.to_json(), "job": job, "decode": decode,
+                                "decode_options": decode_options or {},
                                 "options": {**(options or {}), **({"batch_size": batch_size} if batch_size else {})}})
             reply = self._recv()
         except OSError as e:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from spark_cnn.errors import ImageError
+from spark_cnn.imaging.decode import check_file_size, check_pixels
+from spark_cnn.imaging.options import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.sidecar.options import DECODE_PLACES  # noqa: F401  (re-exported: where decoding can happen)
 
@@ -24,12 +26,16 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 EXIF_ORIENTATION_TAG = 0x0112
 
 
-def decode_on_host(images: list[bytes], prep: Preprocessing) -> tuple[np.ndarray, list[str | None]]:
-    """Pixels of the images that decode, stacked, and one error (or None) per input image."""
+def decode_on_host(images: list[bytes], prep: Preprocessing, options: DecodeOptions = DEFAULT_DECODE
+                   ) -> tuple[np.ndarray, list[str | None]]:
+    """Pixels of the images that decode, stacked, and one error (or None) per input image.
+
+    The same decoder and guard rails as the Spark tasks' (imaging.decode), so a file gives the same pixels
+    or the same error wherever it is decoded."""
     pixels, errors = [], []
     for data in images:
         try:
-            pixels.append(preprocess_pixels(data, prep))
+            pixels.append(preprocess_pixels(data, prep, options))
             errors.append(None)
         except ImageError as e:
             errors.append(str(e))
@@ -52,26 +58,29 @@ def resize_crop_tensor(image: torch.Tensor, prep: Preprocessing) -> torch.Tensor
     return image[:, top:top + prep.crop, left:left + prep.crop].permute(1, 2, 0)
 
 
-def _gpu_can_take(data: bytes) -> bool:
-    """A JPEG without an EXIF rotation (nvJPEG ignores EXIF; such files take the Pillow path)."""
+def _gpu_can_take(data: bytes, options: DecodeOptions = DEFAULT_DECODE) -> bool:
+    """A JPEG without an EXIF rotation, within the guard rails (nvJPEG ignores EXIF; such files, and files the
+    guard rails refuse, take the Pillow path, which applies the rotation or gives the error)."""
     if not data.startswith(JPEG_MAGIC):
         return False
     from PIL import Image
 
     try:
+        check_file_size(data, options)
         with Image.open(io.BytesIO(data)) as image:
+            check_pixels(*image.size, options)
             return image.getexif().get(EXIF_ORIENTATION_TAG, 1) == 1
     except Exception:
         return False  # let Pillow produce the error message
 
 
-def decode_on_gpu(images: list[bytes], prep: Preprocessing, device: torch.device
-                  ) -> tuple[torch.Tensor, list[str | None]]:
+def decode_on_gpu(images: list[bytes], prep: Preprocessing, device: torch.device,
+                  options: DecodeOptions = DEFAULT_DECODE) -> tuple[torch.Tensor, list[str | None]]:
     """Like decode_on_host, but the pixels end on `device`, decoded there where possible."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     decoded: dict[int, torch.Tensor] = {}
-    gpu_rows = [i for i, data in enumerate(images) if _gpu_can_take(data)]
+    gpu_rows = [i for i, data in enumerate(images) if _gpu_can_take(data, options)]
     if gpu_rows:
         files = [torch.frombuffer(bytearray(images[i]), dtype=torch.uint8) for i in gpu_rows]
         try:
@@ -88,7 +97,7 @@ def decode_on_gpu(images: list[bytes], prep: Preprocessing, device: torch.device
             if i in decoded:
                 pixels.append(resize_crop_tensor(decoded[i], prep))
             else:
-                pixels.append(torch.tensor(preprocess_pixels(data, prep), device=device))
+                pixels.append(torch.tensor(preprocess_pixels(data, prep, options), device=device))
             errors.append(None)
         except ImageError as e:
             errors.append(str(e))

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from spark_cnn.errors import ConfigError, SidecarError
+from spark_cnn.imaging.options import DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.perf.tuner import OnlineTuner
 from spark_cnn.sidecar import protocol
@@ -67,6 +68,7 @@ class Connection:
         self.server = server
         self._outbox: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
+        self.decode_options = DecodeOptions()  # the client's guard rails, from its HELLO
 
     def send(self, kind: Kind, request_id: int, payload=b"") -> None:
         self._outbox.put((kind, request_id, payload))
@@ -119,6 +121,7 @@ class Connection:
             raise ConfigError(f"--decode {decode}: expected one of {', '.join(DECODE_PLACES)}")
         if decode == "gpu" and self.server.device.type != "cuda":
             raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
+        self.decode_options = DecodeOptions.from_dict(hello.get("decode_options"))
         service = self.server.service_for(Endpoint.from_json(hello["endpoint"]),
                                           RunOptions.from_dict(hello.get("options")))
         self.server.job_started(job, service)
@@ -139,9 +142,9 @@ class Connection:
                     raise SidecarError(f"images of shape {images.shape[1:]}, the model expects {prep.pixel_shape}")
                 pixels = images
             elif decode == "gpu":
-                pixels, row_errors = decode_on_gpu(images, prep, self.server.device)
+                pixels, row_errors = decode_on_gpu(images, prep, self.server.device, self.decode_options)
             else:  # files sent with --decode task still decode here: the client chose not to
-                pixels, row_errors = decode_on_host(images, prep)
+                pixels, row_errors = decode_on_host(images, prep, self.decode_options)
         except Exception as e:
             self.server.stats.error(job)
             self.send_json(Kind.ERROR, frame.request_id, {"message": f"bad request: {e}"})

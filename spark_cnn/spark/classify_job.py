@@ -74,7 +74,7 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
             launch=LaunchOptions(app_id=app_id, device=config.device, idle_timeout_s=config.idle_timeout_s,
                                  threads=config.threads),
             job_id=job_id, options=config.run_options.to_dict(), decode=config.decode, on_error=config.on_error,
-            label_names=labels,
+            label_names=labels, decode_options=config.decode_options.to_dict(),
             request_rows=config.request_rows, max_in_flight=config.max_in_flight)
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
         outputs = read_images(spark, input_uri).mapInArrow(

@@ -18,6 +18,8 @@ import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
+from spark_cnn.imaging.decode import check_file_size
+from spark_cnn.imaging.options import DecodeOptions
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar.client import SidecarClient, map_ordered
@@ -63,6 +65,7 @@ class InferencePlan:
     decode: str = "task"  # task | sidecar | gpu
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
+    decode_options: dict = field(default_factory=dict)  # imaging.DecodeOptions fields: the guard rails
     request_rows: int = 16
     max_in_flight: int = 4
 
@@ -92,7 +95,7 @@ class PartitionInference:
         endpoint = plan.endpoint.localised(_shipped_file)
         info = ensure_sidecar(_with_task_device(plan.launch))
         with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
-                           decode=plan.decode) as client:
+                           decode=plan.decode, decode_options=plan.decode_options) as client:
             for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
                 if rows is None:
                     yield self._assemble(state)
@@ -127,6 +130,7 @@ class PartitionInference:
 
         Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
         prep = self.plan.endpoint.preprocessing
+        decode_options = DecodeOptions.from_dict(self.plan.decode_options)
         decode_here = self.plan.decode == "task"
         for batch in batches:
             paths = batch.column(INPUT_COLUMNS[0]).to_pylist()
@@ -136,14 +140,16 @@ class PartitionInference:
             images: list = []
             for i, path in enumerate(paths):
                 data = contents[i].as_py()
-                if decode_here:
-                    try:
-                        data = preprocess_pixels(data, prep)
-                    except ImageError as e:
-                        if self.plan.on_error == "fail":
-                            raise ImageError(f"{path}: {e}") from e
-                        state.errors[i] = str(e)
-                        continue
+                try:
+                    if decode_here:
+                        data = preprocess_pixels(data, prep, decode_options)
+                    else:
+                        check_file_size(data, decode_options)  # refused here: never sent to the sidecar
+                except ImageError as e:
+                    if self.plan.on_error == "fail":
+                        raise ImageError(f"{path}: {e}") from e
+                    state.errors[i] = str(e)
+                    continue
                 rows.append(i)
                 images.append(data)
                 if len(rows) == self.plan.request_rows:
