@@ -40,3 +40,27 @@ def bench_jpegs(count: int, seed: int = 0) -> list[bytes]:
         crop.save(buf, format="JPEG", quality=JPEG_QUALITY)
         files.append(buf.getvalue())
     return files
+
+
+# Long sides of the large photos: 2400 to 4000 px, the range of phone and camera photos (>= 2000 px).
+LARGE_PHOTO_LONG_SIDES = (2400, 3000, 4000)
+
+
+def large_photo_jpegs(count: int) -> list[bytes]:
+    """`count` large JPEGs: the source photos upscaled (bicubic) to LARGE_PHOTO_LONG_SIDES and re-encoded.
+
+    Upscaled photos carry less fine detail than a camera's own photo of that size, so they compress better and
+    reduced-DCT decoding loses less on them; they stand in for camera photos, which no installed package ships.
+    """
+    photos = [Image.fromarray(photo) for photo in _source_photos()]
+    distinct = []
+    for long_side in LARGE_PHOTO_LONG_SIDES:
+        for photo in photos:
+            scale = long_side / max(photo.size)
+            large = photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.BICUBIC)
+            buf = io.BytesIO()
+            large.save(buf, format="JPEG", quality=JPEG_QUALITY)
+            distinct.append(buf.getvalue())
+            if len(distinct) == count:
+                return distinct
+    return [distinct[i % len(distinct)] for i in range(count)]

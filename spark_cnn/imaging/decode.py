@@ -61,7 +61,7 @@ def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
     """
     check_file_size(data, options)
     try:
-        with _pillow_limit_warnings(options):
+        with _quiet_pillow_bomb_warning():
             image = Image.open(io.BytesIO(data))
     except UnidentifiedImageError as e:
         if tiff.is_tiff(data) and tiff.available():
@@ -113,7 +113,7 @@ def _decode_pixels(data: bytes, image: Image.Image, options: DecodeOptions, min_
     if decoded is None:
         if scale > 1:
             image.draft(image.mode, (width // scale, height // scale))
-        with _pillow_limit_warnings(options):
+        with _quiet_pillow_bomb_warning():
             image.load()  # the first frame only: Pillow opens multi-frame files at frame 0
         decoded = image
         if orientation is None:
@@ -172,11 +172,11 @@ def _decode_tiff_fallback(data: bytes, options: DecodeOptions) -> Image.Image:
 
 @contextlib.contextmanager
 def _pillow_limit_warnings(options: DecodeOptions):
-    """Pillow warns above its own MAX_IMAGE_PIXELS; when --max-pixels allows more, our limit decides."""
-    if Image.MAX_IMAGE_PIXELS is None or options.max_pixels <= Image.MAX_IMAGE_PIXELS:
-        yield
-        return
+    """Pillow warns while opening any image above its MAX_IMAGE_PIXELS; here `options.max_pixels` decides,
+    right after the header is read, so the warning would only add noise to task and sidecar logs.
+
+    (warnings.catch_warnings is process-wide: two threads interleaving here can at worst leave this one
+    warning category ignored, which is what this function wants anyway.)"""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         yield
-

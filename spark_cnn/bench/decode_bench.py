@@ -1,0 +1,113 @@
+"""Reading-side throughput: decode + preprocess images/s on one core, per decoder configuration.
+
+Every case runs the same function the Spark tasks run (`preprocess_pixels`: decode, resize, centre crop) in
+this one process and thread, over the same files, for a fixed time; cases alternate in rounds so drift on a
+shared machine spreads over all of them. Each case's pixels are also compared with the full decode's (Pillow,
+no DCT scaling): the tolerance the reduced decoders stay within.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from PIL import Image
+
+from spark_cnn.bench.images import bench_jpegs, large_photo_jpegs
+from spark_cnn.errors import ConfigError
+from spark_cnn.imaging import fastjpeg
+from spark_cnn.imaging.decode import dct_scale
+from spark_cnn.imaging.options import DecodeOptions
+from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
+
+# The cases, in the order they run and print. `full` is the reference the others are compared with.
+CASES = {
+    "full": DecodeOptions(reduced_dct=False, jpeg_decoder="pillow"),
+    "reduced": DecodeOptions(reduced_dct=True, jpeg_decoder="pillow"),
+    "reduced_headroom1": DecodeOptions(reduced_dct=True, jpeg_decoder="pillow", dct_headroom=1),
+    "simplejpeg_full": DecodeOptions(reduced_dct=False, jpeg_decoder="simplejpeg"),
+    "simplejpeg_reduced": DecodeOptions(reduced_dct=True, jpeg_decoder="simplejpeg"),
+}
+FAST_CASES = ("simplejpeg_full", "simplejpeg_reduced")
+
+
+@dataclass(frozen=True)
+class DecodeBenchConfig:
+    images: int = 12          # files per image set (the large set has 6 distinct photos, then repeats)
+    seconds: float = 2.0      # measured seconds per case and round
+    rounds: int = 2           # each round runs every case once
+    resize: int = 256
+    crop: int = 224
+    sets: tuple[str, ...] = ("bench_320", "large")
+
+    def __post_init__(self) -> None:
+        if self.images < 1 or self.seconds <= 0 or self.rounds < 1:
+            raise ConfigError("--images, --seconds and --rounds must be positive")
+        unknown = set(self.sets) - set(IMAGE_SETS)
+        if unknown or not self.sets:
+            raise ConfigError(f"--sets {','.join(self.sets)}: expected some of {', '.join(IMAGE_SETS)}")
+
+
+IMAGE_SETS = {"bench_320": bench_jpegs, "large": large_photo_jpegs}
+
+
+def machine_info() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}; {os.cpu_count()} CPU cores; 1 core used"
+
+
+def _rate(files: list[bytes], prep: Preprocessing, options: DecodeOptions, seconds: float) -> tuple[int, float]:
+    """Images done and seconds taken: whole passes over `files` until `seconds` have passed (at least one)."""
+    done, started = 0, time.perf_counter()
+    while True:
+        for data in files:
+            preprocess_pixels(data, prep, options)
+        done += len(files)
+        elapsed = time.perf_counter() - started
+        if elapsed >= seconds:
+            return done, elapsed
+
+
+def _differences(files: list[bytes], prep: Preprocessing, options: DecodeOptions,
+                 reference: list[np.ndarray]) -> dict:
+    diffs = np.concatenate([np.abs(preprocess_pixels(data, prep, options).astype(np.int16) - ref).ravel()
+                            for data, ref in zip(files, reference, strict=True)])
+    return {"mean_diff": round(float(diffs.mean()), 3), "p99_diff": float(np.percentile(diffs, 99)),
+            "max_diff": int(diffs.max())}
+
+
+def run_decode_bench(config: DecodeBenchConfig) -> dict:
+    prep = Preprocessing(resize=config.resize, crop=config.crop)
+    cases = {name: options for name, options in CASES.items() if name not in FAST_CASES or fastjpeg.available()}
+    results = {}
+    for set_name in config.sets:
+        files = IMAGE_SETS[set_name](config.images)
+        sizes = sorted({Image.open(io.BytesIO(data)).size for data in files})
+        reference = [preprocess_pixels(data, prep, CASES["full"]).astype(np.int16) for data in files]
+        counts = {name: [0, 0.0] for name in cases}
+        for _ in range(config.rounds):
+            for name, options in cases.items():
+                done, elapsed = _rate(files, prep, options, config.seconds)
+                counts[name][0] += done
+                counts[name][1] += elapsed
+        full_rate = counts["full"][0] / counts["full"][1]
+        set_result = {"image_sizes": [f"{w}x{h}" for w, h in sizes], "files": len(files),
+                      "mean_file_bytes": int(np.mean([len(d) for d in files])), "cases": {}}
+        for name, options in cases.items():
+            rate = counts[name][0] / counts[name][1]
+            scales = sorted({dct_scale(w, h, prep.resize, options.dct_headroom) if options.reduced_dct else 1
+                             for w, h in sizes})
+            set_result["cases"][name] = {"images_per_s": round(rate, 1), "vs_full": round(rate / full_rate, 2),
+                                         "dct_scales": scales, **_differences(files, prep, options, reference)}
+        results[set_name] = set_result
+    return {"machine": machine_info(), "config": asdict(config), "simplejpeg": fastjpeg.available(),
+            "sets": results}

@@ -1,0 +1,42 @@
+"""`spark-cnn bench-decode`: decode + preprocess images/s on one core, full vs reduced-DCT vs simplejpeg."""
+
+from __future__ import annotations
+
+import argparse
+
+from spark_cnn.cli.common import write_json
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("bench-decode",
+                                 help="decode+preprocess images/s on one core: full vs reduced-DCT JPEG decoding")
+    parser.add_argument("--images", type=int, default=12, help="files per image set (default 12)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per case and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over all cases (default 2)")
+    parser.add_argument("--resize", type=int, default=256, help="shorter side before cropping (default 256)")
+    parser.add_argument("--crop", type=int, default=224, help="centre crop (default 224)")
+    parser.add_argument("--sets", default="bench_320,large",
+                        help="image sets: bench_320 (320 px JPEGs), large (2400-4000 px JPEGs); default both")
+    parser.add_argument("--json", help="write the results here")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_cnn.bench.decode_bench import DecodeBenchConfig, run_decode_bench
+
+    config = DecodeBenchConfig(images=args.images, seconds=args.seconds, rounds=args.rounds, resize=args.resize,
+                               crop=args.crop, sets=tuple(s for s in args.sets.split(",") if s))
+    result = run_decode_bench(config)
+    print(f"decode + resize {config.resize} / crop {config.crop}, one core: {result['machine']}")
+    for set_name, data in result["sets"].items():
+        print(f"{set_name}: {data['files']} files, {', '.join(data['image_sizes'])}, "
+              f"{data['mean_file_bytes'] // 1024} KiB on average")
+        print(f"  {'case':20s} {'img/s':>8s} {'x full':>7s} {'scales':>8s} {'mean':>6s} {'p99':>5s} {'max':>5s}")
+        for name, case in data["cases"].items():
+            scales = ",".join(f"1/{s}" for s in case["dct_scales"])
+            print(f"  {name:20s} {case['images_per_s']:8.1f} {case['vs_full']:7.2f} {scales:>8s} "
+                  f"{case['mean_diff']:6.2f} {case['p99_diff']:5.0f} {case['max_diff']:5d}")
+    if not result["simplejpeg"]:
+        print("simplejpeg is not installed: its cases were skipped (pip install 'spark_cnn[fast-jpeg]')")
+    write_json(args.json, result)
+    return 0
