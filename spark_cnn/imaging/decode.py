@@ -171,7 +171,7 @@ def _decode_tiff_fallback(data: bytes, options: DecodeOptions) -> Image.Image:
 
 
 @contextlib.contextmanager
-def _pillow_limit_warnings(options: DecodeOptions):
+def _quiet_pillow_bomb_warning():
     """Pillow warns while opening any image above its MAX_IMAGE_PIXELS; here `options.max_pixels` decides,
     right after the header is read, so the warning would only add noise to task and sidecar logs.
 
