@@ -10,6 +10,7 @@ from spark_cnn.cli import build_parser
 from spark_cnn.cli.classify import classify_config
 from spark_cnn.config import DEFAULT_REQUEST_ROWS, ClassifyConfig, parse_batch_size
 from spark_cnn.errors import ConfigError
+from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING
 from spark_cnn.models.spec import ModelSpec
@@ -51,6 +52,9 @@ def test_valid_devices(device):
     ({"request_rows": 0}, "request rows"),
     ({"max_in_flight": 0}, "requests in flight"),
     ({"idle_timeout_s": 0.0}, "idle timeout"),
+    ({"max_pixels": 0}, "--max-pixels 0"),
+    ({"max_pixels": 10**12}, "--max-pixels 1000000000000"),
+    ({"max_file_bytes": 0}, "--max-file-bytes 0"),
 ])
 def test_invalid_config_names_the_flag(changes, flag):
     with pytest.raises(ConfigError) as info:
@@ -85,6 +89,8 @@ def test_cli_defaults():
     assert config.batch_size is None
     assert (config.device, config.on_error) == ("auto", "record")
     assert not (config.logits or config.embeddings or config.overwrite or config.quiet)
+    assert config.decode_options == DecodeOptions()  # the documented guard-rail defaults
+    assert (config.max_pixels, config.max_file_bytes) == (DEFAULT_MAX_PIXELS, DEFAULT_MAX_FILE_BYTES)
 
 
 def test_cli_maps_every_flag(tmp_path):
@@ -93,11 +99,12 @@ def test_cli_maps_every_flag(tmp_path):
     config = _parse("--model", "mobilenet_v3_small", "--weights", str(weights), "--labels", "labels.txt",
                     "--top-k", "3", "--master", "local[2]", "--batch-size", "64", "--device", "cuda:1",
                     "--on-error", "fail", "--logits", "--embeddings", "--summary", "s.json", "--overwrite",
-                    "--quiet")
+                    "--quiet", "--max-pixels", "1000000", "--max-file-bytes", "2048")
     assert config.model == ModelSpec("mobilenet_v3_small", weights=str(weights))
     assert (config.labels, config.top_k, config.master, config.batch_size) == ("labels.txt", 3, "local[2]", 64)
     assert (config.device, config.on_error, config.summary) == ("cuda:1", "fail", "s.json")
     assert config.logits and config.embeddings and config.overwrite and config.quiet
+    assert config.decode_options == DecodeOptions(max_pixels=1_000_000, max_file_bytes=2048)
 
 
 def test_cli_preprocessing_flags_are_overrides_only():
@@ -118,6 +125,8 @@ def test_cli_overrides_apply_over_the_default_preprocessing():
     (("--batch-size", "0"), "--batch-size 0"),
     (("--batch-size", "lots"), "--batch-size lots"),
     (("--device", "tpu"), "--device tpu"),
+    (("--max-pixels", "-1"), "--max-pixels -1: expected a positive integer"),
+    (("--max-file-bytes", "0"), "--max-file-bytes 0: expected a positive integer"),
 ])
 def test_cli_bad_values_are_config_errors(flags, message):
     with pytest.raises(ConfigError, match=message):
