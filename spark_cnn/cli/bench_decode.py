@@ -31,10 +31,12 @@ def run(args: argparse.Namespace) -> int:
     for set_name, data in result["sets"].items():
         print(f"{set_name}: {data['files']} files, {', '.join(data['image_sizes'])}, "
               f"{data['mean_file_bytes'] // 1024} KiB on average")
-        print(f"  {'case':20s} {'img/s':>8s} {'x full':>7s} {'scales':>8s} {'mean':>6s} {'p99':>5s} {'max':>5s}")
+        print(f"  {'case':20s} {'img/cpu-s':>9s} {'x full':>7s} {'img/s wall':>10s} {'scales':>8s} "
+              f"{'mean':>6s} {'p99':>5s} {'max':>5s}")
         for name, case in data["cases"].items():
             scales = ",".join(f"1/{s}" for s in case["dct_scales"])
-            print(f"  {name:20s} {case['images_per_s']:8.1f} {case['vs_full']:7.2f} {scales:>8s} "
+            print(f"  {name:20s} {case['images_per_cpu_s']:9.1f} {case['vs_full']:7.2f} "
+                  f"{case['images_per_wall_s']:10.1f} {scales:>8s} "
                   f"{case['mean_diff']:6.2f} {case['p99_diff']:5.0f} {case['max_diff']:5d}")
     if not result["simplejpeg"]:
         print("simplejpeg is not installed: its cases were skipped (pip install 'spark_cnn[fast-jpeg]')")

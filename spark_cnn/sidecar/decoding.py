@@ -3,7 +3,9 @@
 Three places can decode (`--decode`): the Spark tasks (parallel processes; they send uint8 pixels), the
 sidecar's connection threads (`sidecar`: Pillow, which releases the GIL while it decodes and resizes), or the
 GPU (`gpu`: nvJPEG through torchvision.io.decode_jpeg, batched, then resize and crop on the device). Files the
-GPU cannot take (not JPEG, EXIF-rotated, or rejected by nvJPEG) fall back to Pillow, one by one.
+GPU cannot take (not JPEG, EXIF-rotated, over the guard rails, or rejected by nvJPEG) fall back to Pillow, one by
+one. Host decoding is the Spark tasks' own (imaging.decode), under the guard rails the client sent in its HELLO
+(`decode_options`: --max-pixels, --max-file-bytes), so a file gives the same pixels or error in either place.
 
 The GPU's bilinear antialiased resize is not bit-identical to Pillow's: on photos the two differ by at most
 one grey level, 0.15 on average (tests/unit/test_decoding.py measures it).
