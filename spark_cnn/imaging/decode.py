@@ -27,6 +27,7 @@ UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4:
            5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
            8: Image.Transpose.ROTATE_90}
 DCT_SCALES = (8, 4, 2)  # the power-of-two reductions libjpeg offers (Pillow's draft takes only these)
+JPEG_FORMATS = ("JPEG", "MPO")  # MPO: the multi-picture JPEGs some cameras write; the first picture is a JPEG
 FAST_JPEG_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs go through Pillow, which undoes Adobe's inversion
 
 
@@ -99,11 +100,11 @@ def check_pixels(width: int, height: int, options: DecodeOptions = DEFAULT_DECOD
 def _decode_pixels(data: bytes, image: Image.Image, options: DecodeOptions, min_short_side: int | None
                    ) -> tuple[Image.Image, tuple[float, ...] | None]:
     width, height = image.size
-    orientation = _orientation(image) if image.format == "JPEG" else None  # JPEG's EXIF precedes its pixels
-    reduce = image.format == "JPEG" and options.reduced_dct
-    scale = dct_scale(width, height, min_short_side, options.dct_headroom) if reduce else 1
+    jpeg = image.format in JPEG_FORMATS
+    orientation = _orientation(image) if jpeg else None  # JPEG's EXIF precedes its pixels
+    scale = dct_scale(width, height, min_short_side, options.dct_headroom) if jpeg and options.reduced_dct else 1
     decoded = None
-    if image.format == "JPEG" and image.mode in FAST_JPEG_MODES and _use_fast_jpeg(options):
+    if jpeg and image.mode in FAST_JPEG_MODES and _use_fast_jpeg(options):
         try:
             pixels = fastjpeg.decode_scaled(data, width, height, scale)
         except ValueError:  # strict libjpeg-turbo refused it: Pillow decides, as it does without simplejpeg
@@ -118,7 +119,9 @@ def _decode_pixels(data: bytes, image: Image.Image, options: DecodeOptions, min_
         decoded = image
         if orientation is None:
             orientation = _orientation(image)  # PNG and WebP may store EXIF after the pixels
-    if decoded.size != (width, height) and decoded.size != (-(-width // scale), -(-height // scale)):
+    if decoded.size == (width, height):
+        scale = 1  # the decoder did not scale (Pillow's draft declines some files)
+    elif decoded.size != (-(-width // scale), -(-height // scale)):
         raise ImageError(f"cannot decode image: decoded {decoded.size}, expected {width}x{height} / {scale}")
     box = None if scale == 1 else _upright_box(decoded.size, (width / scale, height / scale), orientation)
     upright = decoded.transpose(UPRIGHT[orientation]) if orientation in UPRIGHT else decoded

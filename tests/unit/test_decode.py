@@ -229,6 +229,18 @@ def test_reduced_decoding_of_exif_rotated_jpegs_keeps_the_geometry(orientation):
     assert mean <= MAX_MEAN_DIFF and p99 <= MAX_P99_DIFF and worst <= MAX_ABS_DIFF, (mean, p99, worst)
 
 
+def test_multi_picture_jpeg_gives_the_first_picture_reduced():
+    first, second = _photo().resize((2100, 1401)), _photo("flower.jpg").resize((2100, 1401))
+    data = _encode(first, "MPO", save_all=True, append_images=[second], quality=90)
+    assert Image.open(io.BytesIO(data)).format == "MPO"
+    image, box = decode_for_resize(data, DecodeOptions(), min_short_side=256)
+    assert image.size == (1050, 701) and box == (0, 0, 1050.0, 700.5)
+    mean, p99, worst = _diff_stats(DecodeOptions(), [data])
+    assert mean <= MAX_MEAN_DIFF and p99 <= MAX_P99_DIFF and worst <= MAX_ABS_DIFF, (mean, p99, worst)
+    only_first = _encode(first, "JPEG", quality=90)
+    assert np.abs(preprocess_pixels(data, PREP).astype(int) - preprocess_pixels(only_first, PREP)).mean() < 0.5
+
+
 @pytest.mark.skipif(not fastjpeg.available(), reason="simplejpeg (the `fast-jpeg` extra) is not installed")
 def test_simplejpeg_path_is_used_and_matches_pillow(monkeypatch):
     calls = []
