@@ -3,8 +3,8 @@
 Order of work, cheapest refusal first: empty file, file size, then the header (format and size, read by
 Pillow without decoding pixels) against the pixel limit, then the pixels of the first frame only (multi-page
 TIFF, animated GIF/PNG/WebP). Large JPEGs decode at 1/2, 1/4 or 1/8 scale in the DCT (libjpeg's scaled
-decoding, through Pillow's `draft` or simplejpeg), choosing the largest scale that keeps the decoded shorter
-side >= `DecodeOptions.dct_headroom` (2) x the size the caller will resize to. EXIF orientation
+decoding, through Pillow's `draft` or, when chosen, simplejpeg), choosing the largest scale that keeps the
+decoded shorter side >= `DecodeOptions.dct_headroom` (2) x the size the caller will resize to. EXIF orientation
 is applied; every mode becomes RGB as imaging.modes describes.
 """
 
@@ -147,9 +147,11 @@ def _upright_box(decoded: tuple[int, int], picture: tuple[float, float], orienta
 def _use_fast_jpeg(options: DecodeOptions) -> bool:
     if options.jpeg_decoder == "pillow":
         return False
-    if options.jpeg_decoder == "simplejpeg" and not fastjpeg.available():
-        raise ImageError("the simplejpeg decoder was asked for but is not installed (pip install simplejpeg)")
-    return fastjpeg.available()
+    if options.jpeg_decoder == "simplejpeg":
+        if not fastjpeg.available():
+            raise ImageError("the simplejpeg decoder was asked for but is not installed (pip install simplejpeg)")
+        return True
+    return fastjpeg.preferred()
 
 
 def _orientation(image: Image.Image) -> int:

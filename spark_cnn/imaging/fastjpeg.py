@@ -1,11 +1,15 @@
-"""The optional faster JPEG decoder: simplejpeg (libjpeg-turbo's TurboJPEG API), installed with the
-`fast-jpeg` extra. Without it every JPEG goes through Pillow; the results agree within the tolerance
-docs/benchmarks.md states (tests/unit/test_decode.py checks it).
+"""The optional JPEG decoder: simplejpeg (libjpeg-turbo's TurboJPEG API), installed with the `fast-jpeg` extra.
+
+It gives the same pixels as Pillow (tests/unit/test_decode.py checks it). `auto` uses it only where Pillow
+itself lacks libjpeg-turbo: measured here (`spark-cnn bench-decode`, docs/benchmarks.md), against Pillow 13's
+bundled libjpeg-turbo it was 12% slower per core on full-size decodes and about as fast on reduced ones, because
+its output array must be copied into a Pillow image for the resize.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from PIL import features
 
 try:
     import simplejpeg
@@ -13,8 +17,16 @@ except ImportError:  # the extra is optional
     simplejpeg = None
 
 
+PILLOW_HAS_LIBJPEG_TURBO = bool(features.check_feature("libjpeg_turbo"))
+
+
 def available() -> bool:
     return simplejpeg is not None
+
+
+def preferred() -> bool:
+    """Whether `auto` decodes JPEGs with simplejpeg: installed, and Pillow has no libjpeg-turbo of its own."""
+    return available() and not PILLOW_HAS_LIBJPEG_TURBO
 
 
 def decode_scaled(data: bytes, width: int, height: int, scale: int) -> np.ndarray | None:

@@ -44,7 +44,8 @@ class DecodeOptions:
     max_file_bytes: larger files are refused before they are parsed.
     reduced_dct: decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays >= dct_headroom x the
     resize target.
-    jpeg_decoder: `auto` uses simplejpeg when installed, else Pillow; `pillow` or `simplejpeg` force one.
+    jpeg_decoder: `auto` uses simplejpeg when installed and Pillow lacks libjpeg-turbo (imaging.fastjpeg says
+    why), else Pillow; `pillow` or `simplejpeg` force one.
 
     >>> DecodeOptions(max_pixels=1_000_000).max_file_bytes == DEFAULT_MAX_FILE_BYTES
     True

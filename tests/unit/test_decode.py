@@ -152,11 +152,13 @@ def test_gray_with_alpha_is_composited_on_white():
     assert np.all(rgb[:, :4] == 255) and np.all(rgb[:, 4:] == 100)
 
 
+@pytest.mark.skipif(not fastjpeg.available(), reason="simplejpeg (the `fast-jpeg` extra) is not installed")
 def test_cmyk_jpeg_matches_pillow_conversion():
     cmyk = _photo().convert("CMYK")
     data = _encode(cmyk, "JPEG", quality=95)
     expected = np.asarray(Image.open(io.BytesIO(data)).convert("RGB")).astype(int)
-    for options in (PILLOW_FULL, DecodeOptions(reduced_dct=False)):  # the fast decoder leaves CMYK to Pillow
+    # simplejpeg, even when asked for, leaves CMYK to Pillow
+    for options in (PILLOW_FULL, DecodeOptions(reduced_dct=False, jpeg_decoder="simplejpeg")):
         assert np.array_equal(_rgb(data, options), expected)
     assert np.abs(expected - np.asarray(_photo(), dtype=int)).mean() < 5  # and it is the photo's colours
 
@@ -257,6 +259,18 @@ def test_simplejpeg_path_is_used_and_matches_pillow(monkeypatch):
     assert mean <= MAX_MEAN_DIFF and p99 <= MAX_P99_DIFF and worst <= MAX_ABS_DIFF
 
 
+@pytest.mark.skipif(not fastjpeg.available(), reason="simplejpeg (the `fast-jpeg` extra) is not installed")
+@pytest.mark.parametrize("pillow_has_turbo, uses_simplejpeg", [(True, False), (False, True)])
+def test_auto_uses_simplejpeg_only_where_pillow_lacks_libjpeg_turbo(monkeypatch, pillow_has_turbo,
+                                                                   uses_simplejpeg):
+    calls = []
+    real = fastjpeg.decode_scaled
+    monkeypatch.setattr(fastjpeg, "decode_scaled", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(fastjpeg, "PILLOW_HAS_LIBJPEG_TURBO", pillow_has_turbo)
+    preprocess_pixels(_large()[0], PREP, DecodeOptions())
+    assert bool(calls) == uses_simplejpeg
+
+
 def test_without_simplejpeg_auto_uses_pillow_and_simplejpeg_is_refused(monkeypatch):
     monkeypatch.setattr(fastjpeg, "simplejpeg", None)
     data = _large()[0]
@@ -266,13 +280,14 @@ def test_without_simplejpeg_auto_uses_pillow_and_simplejpeg_is_refused(monkeypat
         preprocess_pixels(data, Preprocessing(), FAST_REDUCED)
 
 
+@pytest.mark.skipif(not fastjpeg.available(), reason="simplejpeg (the `fast-jpeg` extra) is not installed")
 def test_files_simplejpeg_rejects_fall_back_to_pillow(monkeypatch):
     def refuse(*args):
         raise ValueError("strict decoder refused it")
 
     monkeypatch.setattr(fastjpeg, "decode_scaled", refuse)
     data = _encode(_photo(), "JPEG")
-    assert np.array_equal(_rgb(data, DecodeOptions()), _rgb(data))
+    assert np.array_equal(_rgb(data, DecodeOptions(jpeg_decoder="simplejpeg")), _rgb(data))
 
 
 # --- guard rails ------------------------------------------------------------------------------------------------
