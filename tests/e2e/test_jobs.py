@@ -100,7 +100,7 @@ def test_spark_submit_runs_the_same_job(demo_assets, tmp_path):
     assert _wait_until_gone(summary["app_id"]) == []
 
 
-@pytest.mark.parametrize("case", ["missing input", "unknown model", "output exists", "bad device"])
+@pytest.mark.parametrize("case", ["missing input", "unknown model", "output exists", "bad device", "bad max pixels"])
 def test_bad_configuration_is_one_line(spark_cnn, demo_assets, tmp_path, case):
     output = tmp_path / "out"
     args = ["classify", demo_assets.images, str(output), "--model", "spark_cnn.models.demo:digits_cnn",
@@ -111,6 +111,8 @@ def test_bad_configuration_is_one_line(spark_cnn, demo_assets, tmp_path, case):
         args[4] = "not_a_model"
     elif case == "output exists":
         output.mkdir()
+    elif case == "bad max pixels":
+        args += ["--max-pixels", "0"]
     else:
         args += ["--device", "tpu"]
     started = time.monotonic()
