@@ -7,8 +7,10 @@ executors and fixes everything the tasks need in an `InferencePlan`.
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
@@ -60,8 +62,10 @@ def check_model(options: InferenceOptions) -> CheckedModel:
 
 def plan_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel) -> InferencePlan:
     """Ship the model's files to the executors and fix the tasks' plan (a fresh job id each call)."""
+    shipped = {urlparse(uri).path for uri in spark.sparkContext.listFiles}
     for path in model.endpoint.files:
-        spark.sparkContext.addFile(path)  # executors find their copy with SparkFiles.get(name)
+        if os.path.abspath(path) not in shipped:  # Spark warns on a second addFile of a path, and ignores it
+            spark.sparkContext.addFile(path)  # executors find their copy with SparkFiles.get(name)
     return InferencePlan(
         endpoint=model.endpoint,
         launch=LaunchOptions(app_id=spark.sparkContext.applicationId, device=options.device,
