@@ -148,7 +148,8 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
     first = next(items, None)
     if first is None:
         return
-    (_, decode), items = first, itertools.chain([first], items)
+    decode = first[1]  # task | sidecar | gpu for this column: decided by its type and the plan, same every batch
+    items = itertools.chain([first], items)
     endpoint = plan.endpoint.localised(_shipped_file)
     info = ensure_sidecar(_with_task_device(plan.launch))
     with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
