@@ -31,11 +31,13 @@ def kernel_on_this_python(tmp_path, monkeypatch) -> str:
     return KERNEL_NAME
 
 
-def test_quickstart_notebook_runs_every_cell(kernel_on_this_python, tmp_path, monkeypatch):
+def test_quickstart_notebook_runs_every_cell(kernel_on_this_python, demo_assets, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    # The kernel inherits the environment: this run's private sidecar directory, and the files' folder.
+    # The kernel inherits the environment: this run's private sidecar directory, the demo trained once per test
+    # session (training takes most of a minute on a busy 2-core machine), and a folder for the notebook's files.
+    monkeypatch.setenv("SPARK_CNN_DEMO_DIR", os.path.dirname(demo_assets.images))
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path / "quickstart"))
     repo = os.path.abspath(os.path.join(os.path.dirname(NOTEBOOK), ".."))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, *filter(None, [os.environ.get("PYTHONPATH")])]))

@@ -160,3 +160,10 @@ def test_embed_job_with_layer_writes_path_embedding_error(spark, mixed_folder, m
         assert len(row["embedding"]) == 576  # features.12 of mobilenet_v3_small: 576 x 7 x 7, averaged
         np.testing.assert_allclose(row["embedding"], _reference(mobilenet, path, layer=mobilenet.features),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_on_error_fail_fails_the_query_naming_the_error(spark, demo_assets, tmp_path):
+    folder = write_files(str(tmp_path / "broken"), {k: v for k, v in broken_files().items() if "truncated" in k})
+    strict = spark_cnn.cnn_udf("spark_cnn.models.demo:digits_cnn", weights=demo_assets.weights, on_error="fail")
+    with pytest.raises(Exception, match=r"ImageError: image 0 of a batch of 1: cannot decode image"):
+        _binary_files(spark, folder).select(strict("content")).collect()
