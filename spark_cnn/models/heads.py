@@ -65,7 +65,7 @@ def named_module(module: nn.Module, name: str) -> nn.Module:
     """The submodule called `name` (as `named_modules()` spells it); ModelError listing some names if none is."""
     if isinstance(module, torch.jit.ScriptModule):
         raise ModelError("--layer needs an nn.Module (hooks cannot be added to TorchScript models)")
-    modules = dict(module.named_modules())
+    modules = dict(getattr(module, "_orig_mod", module).named_modules())  # torch.compile wraps the module
     if name in modules and name:
         return modules[name]
     top_level = [n for n in modules if n and "." not in n]
