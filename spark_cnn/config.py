@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError
@@ -47,12 +48,66 @@ class ClassifyConfig:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
 
     def __post_init__(self) -> None:
         if not self.input:
             raise ConfigError("INPUT is empty: give a folder of images")
         if not self.output:
             raise ConfigError("OUTPUT is empty: give a path for the Parquet output")
+        _ = self.inference_options  # validates the model and run options
+
+    @property
+    def run_options(self) -> RunOptions:
+        return self.inference_options.run_options
+
+    @property
+    def inference_options(self) -> InferenceOptions:
+        """The model and run options of this job, as the DataFrame functions and the UDF take them."""
+        return InferenceOptions(
+            model=self.model, labels=self.labels, top_k=self.top_k, logits=self.logits, embeddings=self.embeddings,
+            layer=self.layer, batch_size=self.batch_size, device=self.device, precision=self.precision,
+            channels_last=self.channels_last, compile=self.compile, decode=self.decode, threads=self.threads,
+            on_error=self.on_error, request_rows=self.request_rows, max_in_flight=self.max_in_flight,
+            idle_timeout_s=self.idle_timeout_s, max_pixels=self.max_pixels, max_file_bytes=self.max_file_bytes)
+
+
+@dataclass(frozen=True)
+class InferenceOptions:
+    """Which model runs and how: shared by the jobs (through ClassifyConfig), `spark_cnn.classify(df)`,
+    `spark_cnn.embed(df)` and `cnn_udf`. `labels` is a file of class names (one per line) or the names
+    themselves; `batch_size=None` means auto (chosen per device)."""
+
+    model: ModelSpec
+    labels: str | Sequence[str] | None = None
+    top_k: int | None = None
+    logits: bool = False
+    embeddings: bool = False
+    layer: str | None = None
+    batch_size: int | None = None
+    device: str = "auto"
+    precision: str = "auto"
+    channels_last: bool | None = None
+    compile: bool = False
+    decode: str = "task"
+    threads: int | None = None
+    on_error: str = "record"
+    request_rows: int = DEFAULT_REQUEST_ROWS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelSpec):
+            raise ConfigError(f"model must be a ModelSpec, got {type(self.model).__name__}")
+        if self.labels is not None and not isinstance(self.labels, str):
+            names = tuple(str(name) for name in self.labels)
+            if not names:
+                raise ConfigError("labels is empty: give a file of class names or a non-empty list of names")
+            object.__setattr__(self, "labels", names)
+        if self.layer is not None and not self.embeddings:
+            raise ConfigError(f"--layer {self.layer} picks the embedding layer; it needs embeddings")
         if not DEVICE_PATTERN.match(self.device):
             raise ConfigError(f"--device {self.device}: expected auto, cpu, cuda or cuda:N")
         if self.on_error not in ON_ERROR_CHOICES:
@@ -73,7 +128,6 @@ class ClassifyConfig:
         _ = self.decode_options  # validates the guard rails
         if self.idle_timeout_s <= 0:
             raise ConfigError(f"sidecar idle timeout must be positive, got {self.idle_timeout_s}")
-
 
     @property
     def decode_options(self) -> DecodeOptions:

@@ -8,13 +8,19 @@ from spark_cnn.cli.common import floats
 from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 
 
-def add_classify_options(parser: argparse.ArgumentParser) -> None:
+def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False) -> None:
+    """The options of classify; `embed=True`: those of embed (--layer instead of labels, top-k and extra columns)."""
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="resnet50",
                        help="torchvision model name, TorchScript file, or module:factory (default: resnet50)")
     model.add_argument("--weights", help="state_dict file for the model (loaded with weights_only=True)")
-    model.add_argument("--labels", help="class names, one per line, in class-index order")
-    model.add_argument("--top-k", type=int, help="classes to keep per image (default: min(5, classes))")
+    if embed:
+        model.add_argument("--layer", help="module whose output is the embedding (a name from the model's "
+                                           "named_modules(), e.g. layer4; averaged over space; default: the "
+                                           "input of the last Linear layer)")
+    else:
+        model.add_argument("--labels", help="class names, one per line, in class-index order")
+        model.add_argument("--top-k", type=int, help="classes to keep per image (default: min(5, classes))")
     model.add_argument("--resize", type=int, help="shorter side before cropping (default: the model's, else 256)")
     model.add_argument("--crop", type=int, help="centre crop size (default: the model's, else 224)")
     model.add_argument("--mean", type=floats, help="normalisation mean, R,G,B (default: ImageNet)")
@@ -39,8 +45,9 @@ def add_classify_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
                      help=f"refuse larger files before parsing them (default {DEFAULT_MAX_FILE_BYTES}, 64 MiB)")
     out = parser.add_argument_group("output")
-    out.add_argument("--logits", action="store_true", help="add the logits column")
-    out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
+    if not embed:
+        out.add_argument("--logits", action="store_true", help="add the logits column")
+        out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
     out.add_argument("--summary", help="also write the JSON summary here")
     out.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     out.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -54,7 +61,9 @@ def register(commands) -> None:
     parser.set_defaults(run=run)
 
 
-def classify_config(args: argparse.Namespace):
+def classify_config(args: argparse.Namespace, *, embed: bool = False):
+    """The job's config from parsed flags; `embed=True` for the embed command's flags (no labels, top-k,
+    extra columns; the embedding on, from `--layer`)."""
     from spark_cnn.config import ClassifyConfig, parse_batch_size
     from spark_cnn.models.spec import ModelSpec
 
@@ -63,10 +72,12 @@ def classify_config(args: argparse.Namespace):
     return ClassifyConfig(
         input=args.input, output=args.output,
         model=ModelSpec(args.model, weights=args.weights, preprocessing=prep or None),
-        labels=args.labels, top_k=args.top_k, master=args.master, batch_size=parse_batch_size(args.batch_size),
+        labels=None if embed else args.labels, top_k=None if embed else args.top_k, master=args.master,
+        batch_size=parse_batch_size(args.batch_size),
         device=args.device, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
-        decode=args.decode, threads=args.threads, on_error=args.on_error, summary=args.summary, logits=args.logits,
-        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet,
+        decode=args.decode, threads=args.threads, on_error=args.on_error, summary=args.summary,
+        logits=False if embed else args.logits, embeddings=True if embed else args.embeddings,
+        layer=args.layer if embed else None, overwrite=args.overwrite, quiet=args.quiet,
         max_pixels=args.max_pixels, max_file_bytes=args.max_file_bytes)
 
 

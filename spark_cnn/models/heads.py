@@ -12,15 +12,21 @@ class Predictor:
     """Wraps a classification module; `predict(images)` returns a dict of tensors with one row per image.
 
     Keys: label (int64), score (softmax probability of the label), topk_label, topk_score (N x k), and
-    logits (N x classes) / embedding (N x features, the input of the last Linear layer) when asked.
+    logits (N x classes) / embedding (N x features) when asked. The embedding is the input of the last Linear
+    layer, or with `embedding_layer` the output of that named module (`model.named_modules()` names, e.g.
+    `layer4` of a ResNet), averaged over its spatial positions when it has any, then flattened.
     """
 
-    def __init__(self, module: nn.Module, *, top_k: int, logits: bool = False, embeddings: bool = False):
+    def __init__(self, module: nn.Module, *, top_k: int, logits: bool = False, embeddings: bool = False,
+                 embedding_layer: str | None = None):
         self.module = module
         self.top_k = top_k
         self.want_logits = logits
         self._features: list[torch.Tensor] = []
-        if embeddings:
+        if embeddings and embedding_layer:
+            named_module(module, embedding_layer).register_forward_hook(
+                lambda _m, _inputs, out: self._features.append(pool_spatial(_as_tensor(out, embedding_layer))))
+        elif embeddings:
             last_linear = _last_linear(module)
             last_linear.register_forward_hook(lambda _m, inputs, _out: self._features.append(inputs[0]))
         self.want_embeddings = embeddings
@@ -35,7 +41,7 @@ class Predictor:
         if self.want_logits:
             out["logits"] = logits
         if self.want_embeddings:
-            out["embedding"] = self._features[-1].flatten(1).float()
+            out["embedding"] = self._features[-1].flatten(1).float()  # the last call: a module may run twice
         return out
 
 
@@ -48,6 +54,37 @@ def _as_logits(output) -> torch.Tensor:
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise ModelError(f"the model returned {type(output).__name__}; expected a tensor of logits (N x classes)")
+
+
+def pool_spatial(features: torch.Tensor) -> torch.Tensor:
+    """(N, C, H, W, ...) -> (N, C) by global average pooling; (N, C) unchanged."""
+    return features.flatten(2).mean(dim=2) if features.dim() > 2 else features
+
+
+def named_module(module: nn.Module, name: str) -> nn.Module:
+    """The submodule called `name` (as `named_modules()` spells it); ModelError listing some names if none is."""
+    if isinstance(module, torch.jit.ScriptModule):
+        raise ModelError("--layer needs an nn.Module (hooks cannot be added to TorchScript models)")
+    modules = dict(getattr(module, "_orig_mod", module).named_modules())  # torch.compile wraps the module
+    if name in modules and name:
+        return modules[name]
+    top_level = [n for n in modules if n and "." not in n]
+    raise ModelError(f"--layer {name}: the model has no module of that name; top-level modules are "
+                     f"{', '.join(top_level[:12]) or 'none'}{' ...' if len(top_level) > 12 else ''} "
+                     f"(nested ones are dotted, e.g. {_nested_example(modules)})")
+
+
+def _nested_example(modules: dict) -> str:
+    nested = [n for n in modules if n.count(".") == 1]
+    return nested[len(nested) // 2] if nested else "features.0"
+
+
+def _as_tensor(output, name: str) -> torch.Tensor:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise ModelError(f"--layer {name}: the module returns {type(output).__name__}, not a tensor")
 
 
 def _last_linear(module: nn.Module) -> nn.Linear:

@@ -22,11 +22,16 @@ class ResolvedModel:
 
 
 def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool = False,
-                     embeddings: bool = False) -> ResolvedModel:
-    """Load `spec` once on the CPU, run one blank image through it, and fix preprocessing and heads."""
+                     embeddings: bool = False, embedding_layer: str | None = None) -> ResolvedModel:
+    """Load `spec` once on the CPU, run one blank image through it, and fix preprocessing and heads.
+
+    `embedding_layer` names the module whose (spatially averaged) output is the embedding; None: the input
+    of the last Linear layer."""
     module = build_module(spec.source, spec.weights)
     prep = spec.preprocessing_over(declared_preprocessing(module) or Preprocessing())
-    probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings)
+    if embedding_layer is not None and not embeddings:
+        raise ConfigError("--layer picks the embedding layer: it needs embeddings on")
+    probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer)
     try:
         with torch.inference_mode():
             out = probe.predict(torch.zeros((1, 3, prep.crop, prep.crop)))
@@ -46,6 +51,7 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     files = {path: os.path.basename(path) for path in (spec.source, spec.weights)
              if path and os.path.isfile(path)}
     endpoint = Endpoint(source=spec.source, weights=spec.weights, preprocessing=prep, top_k=top_k,
-                        logits=logits, embeddings=embeddings, files=files).with_fingerprint()
+                        logits=logits, embeddings=embeddings, files=files,
+                        embedding_layer=embedding_layer).with_fingerprint()
     embedding_dim = int(out["embedding"].shape[1]) if embeddings else None
     return ResolvedModel(endpoint=endpoint, num_classes=num_classes, embedding_dim=embedding_dim)

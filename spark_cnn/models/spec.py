@@ -90,6 +90,7 @@ class Endpoint:
     embeddings: bool = False
     fingerprint: str = ""
     files: dict = field(default_factory=dict)
+    embedding_layer: str | None = None  # None: the input of the last Linear layer
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -112,6 +113,8 @@ class Endpoint:
         for part in (model, weights, json.dumps(self.preprocessing.to_dict(), sort_keys=True),
                      str(self.top_k), str(self.logits), str(self.embeddings)):
             digest.update(part.encode() + b"\0")
+        if self.embedding_layer:
+            digest.update(b"layer:" + self.embedding_layer.encode())
         return replace(self, fingerprint=digest.hexdigest()[:16])
 
     def localised(self, resolve) -> Endpoint:

@@ -120,7 +120,7 @@ class ModelRunner:
         if options.compile:
             module = torch.compile(module)
         self.predictor = Predictor(module, top_k=endpoint.top_k, logits=endpoint.logits,
-                                   embeddings=endpoint.embeddings)
+                                   embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer)
         self.probe = PrecisionProbe() if options.precision == "auto" and self.cuda else None
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._lock = threading.Lock()  # the embedding hook keeps per-call state: one forward at a time

@@ -10,15 +10,16 @@ import json
 import os
 import re
 import time
-import uuid
+from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError, SidecarError, SparkCnnError
-from spark_cnn.sidecar.launcher import LaunchOptions, stop_sidecars
-from spark_cnn.spark.inference import InferencePlan, PartitionInference, spark_ddl
+from spark_cnn.sidecar.launcher import stop_sidecars
+from spark_cnn.spark.inference import EMBED_COLUMNS, PartitionInference, spark_ddl
+from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
 from spark_cnn.spark.session import spark_session
 from spark_cnn.spark.sources import read_images
 from spark_cnn.spark.stats import SidecarStatsParam
@@ -29,32 +30,27 @@ _TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
 _ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError)}
 
 
-def read_labels(path: str | None) -> tuple[str, ...] | None:
-    """Class names, one per line (blank lines ignored)."""
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            names = tuple(line.strip() for line in f if line.strip())
-    except OSError as e:
-        raise InputError(f"--labels {path}: {e.strerror}") from e
-    if not names:
-        raise InputError(f"--labels {path}: the file has no class names (expected one per line)")
-    return names
-
-
 def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
     """Run the classify job; returns the summary (also written as JSON). Raises SparkCnnError subclasses."""
-    from spark_cnn.models.resolve import resolve_endpoint  # torch: only the driver pays for it, and only here
+    return run_job(config, spark=spark)
 
+
+def embed(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
+    """Run the embed job: `path, embedding, error` per image (embedding: `config.layer`'s output, else the
+    input of the last Linear layer). Same checks, staging and summary as classify."""
+    if not config.embeddings:
+        config = replace(config, embeddings=True)
+    return run_job(config, spark=spark, columns=EMBED_COLUMNS)
+
+
+def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
+            columns: tuple[str, ...] | None = None) -> dict:
+    """Images in, one Parquet row per image out (all classify columns, or `columns`), summary beside it."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
     _check_local_paths(input_uri, output_uri, config.overwrite)
-    labels = read_labels(config.labels)
-    resolved = resolve_endpoint(config.model, top_k=config.top_k, logits=config.logits,
-                                embeddings=config.embeddings)
-    if labels is not None and len(labels) != resolved.num_classes:
-        raise ConfigError(f"--labels {config.labels} has {len(labels)} names but the model has "
-                          f"{resolved.num_classes} classes")
+    options = config.inference_options
+    model = check_model(options)
+    labels = model.labels
 
     own_session = spark is None
     spark = spark or spark_session(master=config.master, quiet=config.quiet)
@@ -65,20 +61,14 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
             raise InputError(f"input {config.input} does not exist")
         if fs.exists(output_uri) and not config.overwrite:
             raise InputError(f"output {config.output} already exists; use --overwrite to replace it")
-        for path in resolved.endpoint.files:
-            spark.sparkContext.addFile(path)  # executors find their copy with SparkFiles.get(name)
 
-        job_id = uuid.uuid4().hex[:12]
-        plan = InferencePlan(
-            endpoint=resolved.endpoint,
-            launch=LaunchOptions(app_id=app_id, device=config.device, idle_timeout_s=config.idle_timeout_s,
-                                 threads=config.threads),
-            job_id=job_id, options=config.run_options.to_dict(), decode=config.decode, on_error=config.on_error,
-            label_names=labels, decode_options=config.decode_options.to_dict(),
-            request_rows=config.request_rows, max_in_flight=config.max_in_flight)
+        plan = plan_inference(spark, options, model)
+        job_id = plan.job_id
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
         outputs = read_images(spark, input_uri).mapInArrow(
             PartitionInference(plan, sidecar_stats), spark_ddl(logits=config.logits, embeddings=config.embeddings))
+        if columns is not None:
+            outputs = outputs.select(*columns)
 
         staging = _staging_uri(output_uri, job_id)
         started = time.perf_counter()

@@ -19,6 +19,7 @@ from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
 from spark_cnn.imaging.decode import check_file_size
+from spark_cnn.imaging.image_struct import preprocess_image_struct
 from spark_cnn.imaging.options import DecodeOptions
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
@@ -30,6 +31,8 @@ from spark_cnn.spark.stats import sidecar_key
 INPUT_COLUMNS = ("path", "content")
 TOPK_TYPE = pa.list_(pa.struct([("label", pa.int32()), ("score", pa.float32())]))
 VECTOR_TYPE = pa.list_(pa.float32())
+# The embed output (DESIGN.md): one embedding per image.
+EMBED_COLUMNS = ("path", "embedding", "error")
 
 
 def output_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
@@ -72,7 +75,8 @@ class InferencePlan:
 
 @dataclass
 class _BatchState:
-    """One input record batch on its way through the sidecar."""
+    """One input record batch on its way through the sidecar. `paths` name the rows in error messages (file
+    paths, or row labels where the input has none)."""
 
     paths: list[str]
     errors: list[str | None]
@@ -80,86 +84,21 @@ class _BatchState:
 
 
 class PartitionInference:
-    """Callable for `DataFrame.mapInArrow`: Iterator[RecordBatch(path, content)] -> Iterator[output batches]."""
+    """Callable for `DataFrame.mapInArrow`: Iterator[RecordBatch(path, content)] -> Iterator[output batches].
+
+    `content` is image file bytes or a Spark image struct (see imaging/image_struct.py)."""
 
     def __init__(self, plan: InferencePlan, stats_accumulator=None):
         self.plan = plan
         self.stats = stats_accumulator
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        items = self._work_items(batches)
-        first = next(items, None)
-        if first is None:
-            return  # an empty partition never starts a sidecar
-        plan = self.plan
-        endpoint = plan.endpoint.localised(_shipped_file)
-        info = ensure_sidecar(_with_task_device(plan.launch))
-        with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
-                           decode=plan.decode, decode_options=plan.decode_options) as client:
-            for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
-                if rows is None:
-                    yield self._assemble(state)
-                elif isinstance(reply, SidecarError):
-                    if plan.on_error == "fail":
-                        raise SidecarError(f"{state.paths[rows[0]]} (and {len(rows) - 1} more): {reply}")
-                    for row in rows:
-                        state.errors[row] = str(reply)
-                else:
-                    self._take_reply(state, rows, reply)
-            if self.stats is not None:
-                snapshot = client.stats(plan.job_id)
-                self.stats.add({sidecar_key(snapshot): snapshot})
+        inputs = ((batch.column(INPUT_COLUMNS[0]).to_pylist(), batch.column(INPUT_COLUMNS[1])) for batch in batches)
+        for state in infer_batches(self.plan, inputs, self.stats):
+            yield self.assemble(state)
 
-    def _take_reply(self, state: _BatchState, rows: list[int], reply: pa.RecordBatch) -> None:
-        """Outputs of one request; rows the sidecar could not decode carry an error instead."""
-        if ERROR_COLUMN in reply.schema.names:
-            errors = reply.column(ERROR_COLUMN)
-            for row, error in zip(rows, errors.to_pylist(), strict=True):
-                if error is not None:
-                    if self.plan.on_error == "fail":
-                        raise ImageError(f"{state.paths[row]}: {error}")
-                    state.errors[row] = error
-            fine = pc.is_null(errors)
-            rows = [row for row, ok in zip(rows, fine.to_pylist(), strict=True) if ok]
-            reply = reply.filter(fine).drop_columns([ERROR_COLUMN])
-        if rows:
-            state.results.append((rows, reply))
-
-    def _work_items(self, batches: Iterator[pa.RecordBatch]):
-        """(state, rows), images per request; then (state, None), None to mark the end of each input batch.
-
-        Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
-        prep = self.plan.endpoint.preprocessing
-        decode_options = DecodeOptions.from_dict(self.plan.decode_options)
-        decode_here = self.plan.decode == "task"
-        for batch in batches:
-            paths = batch.column(INPUT_COLUMNS[0]).to_pylist()
-            contents = batch.column(INPUT_COLUMNS[1])
-            state = _BatchState(paths, [None] * len(paths))
-            rows: list[int] = []
-            images: list = []
-            for i, path in enumerate(paths):
-                data = contents[i].as_py()
-                try:
-                    if decode_here:
-                        data = preprocess_pixels(data, prep, decode_options)
-                    else:
-                        check_file_size(data, decode_options)  # refused here: never sent to the sidecar
-                except ImageError as e:
-                    if self.plan.on_error == "fail":
-                        raise ImageError(f"{path}: {e}") from e
-                    state.errors[i] = str(e)
-                    continue
-                rows.append(i)
-                images.append(data)
-                if len(rows) == self.plan.request_rows:
-                    yield (state, rows), np.stack(images) if decode_here else images
-                    rows, images = [], []
-            if rows:
-                yield (state, rows), np.stack(images) if decode_here else images
-            yield (state, None), None
-
-    def _assemble(self, state: _BatchState) -> pa.RecordBatch:
+    def assemble(self, state: _BatchState) -> pa.RecordBatch:
+        """The classify output rows of one input batch, in input order."""
         n = len(state.paths)
         schema = output_schema(logits=self.plan.endpoint.logits, embeddings=self.plan.endpoint.embeddings)
         take = [None] * n  # row -> position among rows that have model outputs
@@ -198,6 +137,97 @@ class PartitionInference:
                 columns[optional] = pa.ListArray.from_arrays(
                     pa.array(np.arange(0, (m + 1) * width, width, dtype=np.int32)), fixed.flatten(), type=VECTOR_TYPE)
         return columns
+
+
+def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]],
+                  stats_accumulator=None) -> Iterator[_BatchState]:
+    """Stream input batches (row names, image column) through this executor's sidecar; one state per batch.
+
+    The image column is binary (files: decoded here, or by the sidecar when `plan.decode` says so) or Spark
+    image structs (always resized here: they are pixels already). The sidecar starts with the first image, so
+    an empty partition never starts one. Shared by mapInArrow (PartitionInference) and the pandas UDF.
+    """
+    items = _work_items(plan, inputs)
+    first = next(items, None)
+    if first is None:
+        return
+    decode = first[1]  # task | sidecar | gpu for this column: decided by its type and the plan, same every batch
+    items = itertools.chain([first], items)
+    endpoint = plan.endpoint.localised(_shipped_file)
+    info = ensure_sidecar(_with_task_device(plan.launch))
+    with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
+                       decode=decode, decode_options=plan.decode_options) as client:
+        work = (item for item, _ in items)
+        for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
+            if rows is None:
+                yield state
+            elif isinstance(reply, SidecarError):
+                if plan.on_error == "fail":
+                    raise SidecarError(f"{state.paths[rows[0]]} (and {len(rows) - 1} more): {reply}")
+                for row in rows:
+                    state.errors[row] = str(reply)
+            else:
+                _take_reply(plan, state, rows, reply)
+        if stats_accumulator is not None:
+            snapshot = client.stats(plan.job_id)
+            stats_accumulator.add({sidecar_key(snapshot): snapshot})
+
+
+def _take_reply(plan: InferencePlan, state: _BatchState, rows: list[int], reply: pa.RecordBatch) -> None:
+    """Outputs of one request; rows the sidecar could not decode carry an error instead."""
+    if ERROR_COLUMN in reply.schema.names:
+        errors = reply.column(ERROR_COLUMN)
+        for row, error in zip(rows, errors.to_pylist(), strict=True):
+            if error is not None:
+                if plan.on_error == "fail":
+                    raise ImageError(f"{state.paths[row]}: {error}")
+                state.errors[row] = error
+        fine = pc.is_null(errors)
+        rows = [row for row, ok in zip(rows, fine.to_pylist(), strict=True) if ok]
+        reply = reply.filter(fine).drop_columns([ERROR_COLUMN])
+    if rows:
+        state.results.append((rows, reply))
+
+
+def _work_items(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]]):
+    """((state, rows), images), decode place per request; then ((state, None), None), decode to mark the end
+    of each input batch.
+
+    Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
+    prep = plan.endpoint.preprocessing
+    decode_options = DecodeOptions.from_dict(plan.decode_options)
+    for paths, contents in inputs:
+        structs = pa.types.is_struct(contents.type)
+        decode_here = structs or plan.decode == "task"
+        prepare = preprocess_image_struct if structs else preprocess_pixels
+        decode = "task" if decode_here else plan.decode
+        state = _BatchState(paths, [None] * len(paths))
+        rows: list[int] = []
+        images: list = []
+        for i, path in enumerate(paths):
+            data = contents[i].as_py()
+            try:
+                if decode_here:
+                    if data is None:
+                        raise ImageError("no image (null)")
+                    data = prepare(data, prep, decode_options)
+                elif data is None:
+                    raise ImageError("no image (null)")
+                else:
+                    check_file_size(data, decode_options)  # refused here: never sent to the sidecar
+            except ImageError as e:
+                if plan.on_error == "fail":
+                    raise ImageError(f"{path}: {e}") from e
+                state.errors[i] = str(e)
+                continue
+            rows.append(i)
+            images.append(data)
+            if len(rows) == plan.request_rows:
+                yield ((state, rows), np.stack(images) if decode_here else images), decode
+                rows, images = [], []
+        if rows:
+            yield ((state, rows), np.stack(images) if decode_here else images), decode
+        yield ((state, None), None), decode
 
 
 def _shipped_file(name: str) -> str:

@@ -100,6 +100,28 @@ def test_spark_submit_runs_the_same_job(demo_assets, tmp_path):
     assert _wait_until_gone(summary["app_id"]) == []
 
 
+def test_spark_submit_embed_job_writes_one_vector_per_file(demo_assets, tmp_path):
+    import pyspark
+
+    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    folder = write_files(_subset(demo_assets, str(tmp_path / "in"), per_class=2), broken_files())
+    job = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "embed.py")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    result = run_command([spark_submit, "--master", "local[2]", job, folder, str(tmp_path / "out"),
+                          "--model", "spark_cnn.models.demo:digits_cnn", "--weights", demo_assets.weights,
+                          "--layer", "features"], env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "images      23" in result.stdout and "errors      3" in result.stdout
+    table = pq.read_table(tmp_path / "out")
+    assert table.column_names == ["path", "embedding", "error"] and table.num_rows == 23
+    rows = table.to_pylist()
+    for row in rows:  # `features` of the digits CNN: 32 channels, averaged over space
+        assert len(row["embedding"]) == 32 if row["error"] is None else row["embedding"] is None
+    assert sum(r["error"] is not None for r in rows) == 3
+    summary = json.loads((tmp_path / "out" / "_summary.json").read_text())
+    assert _wait_until_gone(summary["app_id"]) == []
+
+
 @pytest.mark.parametrize("case", ["missing input", "unknown model", "output exists", "bad device", "bad max pixels"])
 def test_bad_configuration_is_one_line(spark_cnn, demo_assets, tmp_path, case):
     output = tmp_path / "out"

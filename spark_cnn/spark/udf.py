@@ -1,0 +1,154 @@
+"""`cnn_udf`: a CNN as a pandas UDF for `select` / `withColumn`, served by one sidecar per executor.
+
+It is an iterator pandas UDF: each Python worker streams its Arrow batches through the same task-side code
+as the mapInArrow job (`inference.infer_batches`), so all the tasks of an executor share one loaded model in
+its sidecar (never one model per Python worker) and the sidecar's batching and tuning apply unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import Column, SparkSession
+from pyspark.sql.functions import pandas_udf
+
+from spark_cnn.errors import ConfigError, SidecarError
+from spark_cnn.models.spec import ModelSpec
+from spark_cnn.spark.frames import inference_options
+from spark_cnn.spark.inference import InferencePlan, PartitionInference, infer_batches
+from spark_cnn.spark.planning import check_model, plan_inference
+from spark_cnn.spark.stats import SidecarStatsParam
+
+# Each output is a struct, so that every row carries its `error` next to the values (null where fine).
+OUTPUT_TYPES = {
+    "top1": "struct<label:int,label_name:string,score:float,error:string>",
+    "topk": "struct<topk:array<struct<label:int,label_name:string,score:float>>,error:string>",
+    "logits": "struct<logits:array<float>,error:string>",
+    "embedding": "struct<embedding:array<float>,error:string>",
+}
+_TOPK_ITEM = pa.struct([("label", pa.int32()), ("label_name", pa.string()), ("score", pa.float32())])
+
+
+class CnnUdf:
+    """What `cnn_udf` returns: call it on a column to get a Column of the output struct.
+
+    `sidecars` lists the sidecars that served this UDF so far (one entry per executor; counters as in the
+    job summary), gathered from the tasks through an accumulator.
+    """
+
+    def __init__(self, plan: InferencePlan, output: str, stats):
+        self.plan = plan
+        self.output = output
+        self.return_type = OUTPUT_TYPES[output]
+        self._stats = stats
+        self._udf = pandas_udf(_udf_function(plan, output, stats), returnType=self.return_type)
+
+    def __call__(self, column: str | Column) -> Column:
+        return self._udf(column)
+
+    @property
+    def sidecars(self) -> list[dict]:
+        return sorted(self._stats.value.values(), key=lambda s: (s["host"], str(s["executor"])))
+
+    def __repr__(self) -> str:
+        return f"cnn_udf({self.plan.endpoint.source!r}, output={self.output!r}) -> {self.return_type}"
+
+
+def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", weights: str | None = None,
+            labels: str | Sequence[str] | None = None, top_k: int | None = None, layer: str | None = None,
+            preprocessing: Mapping[str, Any] | None = None, batch_size: int | str = "auto", device: str = "auto",
+            on_error: str = "record", spark: SparkSession | None = None, **options) -> CnnUdf:
+    """A pandas UDF running `model` on a column of image file bytes or Spark `image` structs.
+
+    `output` picks the result, a struct per row with `error` (null when the image was fine):
+
+    - "top1": `label int, label_name string, score float, error string`
+    - "topk": `topk array<struct<label int, label_name string, score float>>` (best first), `error`
+    - "logits": `logits array<float>`, `error`
+    - "embedding": `embedding array<float>` (last Linear layer's input, or `layer`'s output averaged over
+      space), `error`
+
+    `label_name` is null without `labels` (a file of class names, one per line, or a list of names). A bad
+    image gives a row with `error` set, unless `on_error="fail"`. The model is loaded and checked on the
+    driver now (ModelError / ConfigError here, not in a task); its files are shipped to the executors of
+    `spark` (default: the active session). Further keywords (precision, channels_last, compile, decode,
+    threads, ...) are InferenceOptions fields.
+
+    >>> from spark_cnn import cnn_udf, spark_session                             # doctest: +SKIP
+    >>> spark = spark_session(master="local[2]")                                 # doctest: +SKIP
+    >>> images = spark.read.format("binaryFile").load("photos/")                 # doctest: +SKIP
+    >>> classify = cnn_udf("resnet50", weights="resnet50.pth", labels="imagenet.txt")  # doctest: +SKIP
+    >>> images.select("path", classify("content").alias("pred")).select("path", "pred.*").show()  # doctest: +SKIP
+    """
+    if output not in OUTPUT_TYPES:
+        raise ConfigError(f"output={output!r}: expected one of {', '.join(OUTPUT_TYPES)}")
+    if layer is not None and output != "embedding":
+        raise ConfigError(f"layer={layer!r} picks the embedding layer; use it with output='embedding'")
+    spark = spark or SparkSession.getActiveSession()
+    if spark is None:
+        raise ConfigError("cnn_udf needs a SparkSession: create one first (spark_cnn.spark_session()) or pass spark=")
+    opts = inference_options(model, weights=weights, preprocessing=preprocessing, batch_size=batch_size,
+                             labels=labels, top_k=top_k, logits=output == "logits",
+                             embeddings=output == "embedding", layer=layer, device=device, on_error=on_error,
+                             **options)
+    checked = check_model(opts)
+    plan = plan_inference(spark, opts, checked)
+    return CnnUdf(plan, output, spark.sparkContext.accumulator({}, SidecarStatsParam()))
+
+
+def _udf_function(plan: InferencePlan, output: str, stats):
+    """The UDF body, closing over the plan (pickled to the tasks with it)."""
+
+    def run(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
+        inputs = (_as_arrow(batch) for batch in batches)
+        assembler = PartitionInference(plan)
+        for state in infer_batches(plan, inputs, stats):
+            frame = output_frame(assembler.assemble(state), output, plan.label_names)
+            if len(frame) != len(state.paths):  # the contract: one output row per input row
+                raise SidecarError(f"{len(frame)} output rows for {len(state.paths)} inputs")
+            yield frame
+
+    return run
+
+
+def _as_arrow(batch: pd.Series | pd.DataFrame) -> tuple[list[str], pa.Array]:
+    """A pandas UDF batch -> (row names, Arrow image column). Spark hands a struct column over as a DataFrame."""
+    if isinstance(batch, pd.DataFrame):
+        images = pa.Table.from_pandas(batch, preserve_index=False).to_struct_array().combine_chunks()
+        names = [origin or f"image {i}" for i, origin in enumerate(batch["origin"])] if "origin" in batch else \
+            [f"image {i}" for i in range(len(batch))]
+        return names, images
+    images = pa.array(batch.tolist(), pa.binary())
+    return [f"image {i} of a batch of {len(batch)}" for i in range(len(batch))], images
+
+
+def output_frame(rows: pa.RecordBatch, output: str, label_names: tuple[str, ...] | None) -> pd.DataFrame:
+    """The classify output rows of one batch (PartitionInference.assemble) -> the UDF's struct fields."""
+    if output == "top1":
+        table = rows.select(["label", "label_name", "score", "error"])
+    elif output == "topk":
+        table = pa.RecordBatch.from_arrays([_named_topk(rows.column("topk"), label_names), rows.column("error")],
+                                           names=["topk", "error"])
+    else:
+        table = rows.select([output, "error"])
+    return table.to_pandas(integer_object_nulls=True)
+
+
+def _named_topk(topk: pa.ListArray, label_names: tuple[str, ...] | None) -> pa.ListArray:
+    """list<struct<label, score>> -> list<struct<label, label_name, score>>; nulls stay null."""
+    pairs = topk.flatten()
+    labels = pairs.field("label")
+    if label_names:
+        names = pa.array([None if i is None else label_names[i] for i in labels.to_pylist()], pa.string())
+    else:
+        names = pa.nulls(len(labels), pa.string())
+    items = pa.StructArray.from_arrays([labels, names, pairs.field("score")], fields=list(_TOPK_ITEM))
+    # Offsets rebuilt from the lengths: `topk` may be a slice, and flatten() drops the values of null lists.
+    lengths = pc.list_value_length(topk).fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, items, type=pa.list_(_TOPK_ITEM), mask=topk.is_null())
