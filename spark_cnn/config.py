@@ -62,6 +62,10 @@ class ClassifyConfig:
         return self.inference_options.run_options
 
     @property
+    def decode_options(self) -> DecodeOptions:
+        return self.inference_options.decode_options
+
+    @property
     def inference_options(self) -> InferenceOptions:
         """The model and run options of this job, as the DataFrame functions and the UDF take them."""
         return InferenceOptions(
