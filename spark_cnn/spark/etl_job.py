@@ -5,11 +5,11 @@ finds the new files, processes them in micro-batches of at most `max_files_per_t
 Airflow can start the job again and again.
 
 Exactly once, also across a run killed midway: each micro-batch goes through `foreachBatch` into its own
-directory `OUTPUT/batch=N`, written to a hidden staging directory and renamed into place. Spark records the files
-of batch N (offsets and source log) before the batch runs and marks it committed only after `foreachBatch`
-returns; a killed run replays batch N with the same files, and the replay replaces `batch=N` whole. So every
-image is in exactly one committed directory, and OUTPUT is plain Parquet that any reader can read (Spark,
-pyarrow: hidden `.`/`_` entries are skipped, `batch` is a partition column).
+directory `OUTPUT/batch=N`, written under `OUTPUT/_staging` (hidden from readers) and renamed into place. Spark
+records the files of batch N (offsets and source log) before the batch runs and marks it committed only after
+`foreachBatch` returns; a killed run replays batch N with the same files, and the replay replaces `batch=N`
+whole. So every image is in exactly one batch directory, and OUTPUT is plain Parquet that any reader can read
+(Spark, pyarrow: hidden `.`/`_` entries are skipped, `batch` is a partition column).
 
 Why not the Parquet file sink: its `_spark_metadata` log gives exactly-once only to readers that go through it,
 and it cannot add rows the scan never produced. Spark's file scan drops zero-byte files; the source's own log of
@@ -40,6 +40,7 @@ from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 
 BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 BATCH_COLUMN = "batch"
+STAGING = "_staging"
 SOURCE_LOG = "sources/0"  # the file source's log inside the checkpoint: which files each batch took
 
 
@@ -117,37 +118,39 @@ class MicroBatchWriter:
     def __call__(self, files: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         target = f"{self.output_uri}/{BATCH_COLUMN}={batch_id}"
-        staging = f"{self.output_uri}/.{BATCH_COLUMN}={batch_id}.tmp"  # hidden: readers skip it
+        # Under `_staging`, which readers of OUTPUT skip; the batch's own folder name stays readable for the count.
+        staging = f"{self.output_uri}/{STAGING}/{BATCH_COLUMN}={batch_id}"
         self.fs.delete(staging)  # a killed attempt's leftovers
-        images = files.select("path", "content")
-        empty = self._unread_files(files, batch_id)
-        if empty:
-            images = images.unionByName(self.spark.createDataFrame([(p, b"") for p in empty], IMAGE_ROW_SCHEMA))
-        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats),
-                                    spark_ddl(logits=self.plan.endpoint.logits,
-                                              embeddings=self.plan.endpoint.embeddings))
-        try:
-            outputs.write.parquet(staging)
-        except Exception as e:
-            self.fs.delete(staging)
-            raise _task_error(e) from e
-        counts = self.spark.read.parquet(staging).agg(
-            F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNotNull()).alias("errors")).first()
+        self._classify(files.select("path", "content"), staging, mode="error")
+        written = self.spark.read.parquet(staging).select("path", F.col("error").isNotNull().alias("failed")).collect()
+        unread = sorted(set(self._taken_files(batch_id)) - {row.path for row in written})
+        if unread:  # zero-byte files: the scan drops them, the contract wants one row each (with its error)
+            self._classify(self.spark.createDataFrame([(p, b"") for p in unread], IMAGE_ROW_SCHEMA), staging,
+                           mode="append")
+        errors = sum(row.failed for row in written) + len(unread)
         self.fs.delete(target)  # an earlier attempt at this batch, killed before Spark committed it
         self.fs.rename(staging, target)
-        self.batches.append({"batch": batch_id, "images": counts["images"], "errors": counts["errors"],
+        self.batches.append({"batch": batch_id, "images": len(written) + len(unread), "errors": errors,
                              "elapsed_s": round(time.perf_counter() - started, 3)})
 
-    def _unread_files(self, files: DataFrame, batch_id: int) -> list[str]:
-        """Files the source took into this batch that the scan returned no row for (zero-byte files)."""
+    def _classify(self, images: DataFrame, uri: str, *, mode: str) -> None:
+        endpoint = self.plan.endpoint
+        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats),
+                                    spark_ddl(logits=endpoint.logits, embeddings=endpoint.embeddings))
+        try:
+            outputs.write.mode(mode).parquet(uri)
+        except Exception as e:
+            self.fs.delete(uri)
+            raise _task_error(e) from e
+
+    def _taken_files(self, batch_id: int) -> list[str]:
+        """The files the stream's source took into this batch, from its log in the checkpoint."""
         folder = f"{self.checkpoint_uri}/{SOURCE_LOG}"
         name = source_log_file(self.fs.list_names(folder), batch_id)
         if name is None:
             raise ConfigError(f"the checkpoint's source log {folder} has no entry for batch {batch_id}: "
                               "is this checkpoint from another Spark version? Start a new one with --checkpoint")
-        taken = source_log_paths(self.fs.read_text(f"{folder}/{name}"), batch_id)
-        read = {row.path for row in files.select("path").collect()}
-        return sorted(set(taken) - read)
+        return source_log_paths(self.fs.read_text(f"{folder}/{name}"), batch_id)
 
 
 def source_log_file(names: list[str], batch_id: int) -> str | None:
