@@ -41,7 +41,8 @@ from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 BATCH_COLUMN = "batch"
 STAGING = "_staging"
-SOURCE_LOG = "sources/0"  # the file source's log inside the checkpoint: which files each batch took
+SOURCE_LOG = "sources/0"  # the file source's log inside the checkpoint: which files each of its entries took
+OFFSETS_LOG = "offsets"  # the query's log: which source entries each batch covers
 
 
 def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
@@ -144,17 +145,43 @@ class MicroBatchWriter:
             raise _task_error(e) from e
 
     def _taken_files(self, batch_id: int) -> list[str]:
-        """The files the stream's source took into this batch, from its log in the checkpoint."""
+        """The files the stream's source took into this batch, from its logs in the checkpoint.
+
+        Batch N covers the source's log entries after batch N-1's end offset up to its own (offsets/N): usually
+        the one entry N, but more when a killed run had logged files it never got to."""
+        end = self._source_offset(batch_id)
+        start = self._source_offset(batch_id - 1) if batch_id > 0 else -1
         folder = f"{self.checkpoint_uri}/{SOURCE_LOG}"
-        name = source_log_file(self.fs.list_names(folder), batch_id)
-        if name is None:
-            raise ConfigError(f"the checkpoint's source log {folder} has no entry for batch {batch_id}: "
-                              "is this checkpoint from another Spark version? Start a new one with --checkpoint")
-        return source_log_paths(self.fs.read_text(f"{folder}/{name}"), batch_id)
+        names = self.fs.list_names(folder)
+        texts: dict[str, str] = {}
+        paths: list[str] = []
+        for entry in range(start + 1, end + 1):
+            name = source_log_file(names, entry)
+            if name is None:
+                raise ConfigError(f"the checkpoint's source log {folder} has no entry {entry}: is this checkpoint "
+                                  "from another Spark version? Start a new one with --checkpoint")
+            if name not in texts:
+                texts[name] = self.fs.read_text(f"{folder}/{name}")
+            paths += source_log_paths(texts[name], entry)
+        return paths
+
+    def _source_offset(self, batch_id: int) -> int:
+        return source_offset(self.fs.read_text(f"{self.checkpoint_uri}/{OFFSETS_LOG}/{batch_id}"))
+
+
+def source_offset(text: str) -> int:
+    """The file source's end offset in an offsets log file: a version line, the batch metadata, then one line
+    per source (`{"logOffset": K}`)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        return int(json.loads(lines[-1])["logOffset"])
+    except (IndexError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("the checkpoint's offsets log is not in a format this version reads; start a new "
+                          "checkpoint") from e
 
 
 def source_log_file(names: list[str], batch_id: int) -> str | None:
-    """Which file of the source log holds `batch_id`: its own file, or (after compaction) the first
+    """Which file of the source log holds entry `batch_id`: its own file, or (after compaction) the first
     `K.compact` with K >= batch_id."""
     if str(batch_id) in names:
         return str(batch_id)
@@ -163,8 +190,8 @@ def source_log_file(names: list[str], batch_id: int) -> str | None:
 
 
 def source_log_paths(text: str, batch_id: int) -> list[str]:
-    """The files of `batch_id` in a source log file (a version line, then one JSON entry per file), spelled as
-    Spark's binaryFile `path` column spells them."""
+    """The files of source log entry `batch_id` in a source log file (a version line, then one JSON entry per
+    file), spelled as Spark's binaryFile `path` column spells them."""
     lines = text.splitlines()
     if not lines or not lines[0].startswith("v"):
         raise ConfigError("the checkpoint's source log is not in a format this version reads; start a new one")

@@ -1,5 +1,5 @@
-"""The incremental ETL job on the shared local Spark: only new files, one row per file, replay of a batch that
-was written but not committed (what a kill between the two leaves) replaces it instead of adding rows."""
+"""The incremental ETL job on the shared local Spark: only new files, one row per file (zero-byte ones too), and
+a batch that a killed run wrote but never committed is replayed in place instead of adding rows."""
 
 from __future__ import annotations
 
@@ -62,16 +62,21 @@ def test_etl_takes_new_files_once_and_a_replayed_batch_replaces_itself(spark, de
     assert (second["images"], second["errors"]) == (5, 1)  # only what arrived since the first run
     assert [b["batch"] for b in second["micro_batches"]] == [3]
 
-    # A run killed after writing batch 3 but before Spark committed it, halfway through its next attempt.
-    os.remove(os.path.join(checkpoint, "commits", "3"))
-    os.remove(os.path.join(checkpoint, "commits", ".3.crc"))
+    # A run killed after writing batch 3 but before Spark committed it, or even logged its offsets: only the
+    # source's log of its files is left, with a half-written attempt in staging. New files arrive meanwhile.
+    for log in ("offsets", "commits"):
+        os.remove(os.path.join(checkpoint, log, "3"))
+        os.remove(os.path.join(checkpoint, log, ".3.crc"))
     write_files(os.path.join(output, STAGING, "batch=3"), {"part-stale.parquet": b"half written"})
-    replay = run()
-    assert [b["batch"] for b in replay["micro_batches"]] == [3] and replay["images"] == 5
+    inputs += _copy_digits(demo_assets, source, ["4"], 0, 1)
+    inputs += [os.path.join(source, "later", "empty.png")]
+    write_files(source, {"later/empty.png": b""})
+    replay = run()  # batch 3 now covers the source's entries 3 (the earlier attempt) and 4 (the new files)
+    assert [b["batch"] for b in replay["micro_batches"]] == [3] and (replay["images"], replay["errors"]) == (7, 2)
     rows = _rows_by_path(output)
     assert sorted(rows) == sorted(inputs) and all(len(r) == 1 for r in rows.values())
     assert not os.listdir(os.path.join(output, STAGING))
 
     nothing_new = run()
     assert (nothing_new["images"], nothing_new["micro_batches"]) == (0, [])
-    assert len(pq.read_table(output)) == 20
+    assert len(pq.read_table(output)) == 22

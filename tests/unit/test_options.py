@@ -13,7 +13,7 @@ from spark_cnn.cli.run import resolve_preset
 from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_REQUEST_ROWS, ClassifyConfig
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.spark.conf import parse_properties
-from spark_cnn.spark.etl_job import hadoop_path, run_summary, source_log_file, source_log_paths
+from spark_cnn.spark.etl_job import hadoop_path, run_summary, source_log_file, source_log_paths, source_offset
 
 
 def _classify_flags(*flags: str) -> dict:
@@ -219,6 +219,12 @@ def test_source_log_paths_are_spelled_as_the_binary_file_source_spells_them():
     assert source_log_paths(text, 4) == ["file:/d/a b/p%20c#d.jpg", "hdfs://nn:8020/x/y.jpg"]
     with pytest.raises(ConfigError, match="not in a format"):
         source_log_paths("{}", 0)
+
+
+def test_source_offset_is_the_last_line_of_an_offsets_file():
+    assert source_offset('v1\n{"batchWatermarkMs":0,"conf":{}}\n{"logOffset":7}\n') == 7
+    with pytest.raises(ConfigError, match="offsets log"):
+        source_offset("v1\n")
 
 
 def test_hadoop_path():
