@@ -18,9 +18,10 @@ def submitted_conf() -> dict[str, str]:
     if active is not None:
         return dict(active.sparkContext.getConf().getAll())
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # spark-submit started this process and its JVM
-        from pyspark import SparkConf
+        from pyspark import SparkConf, SparkContext
 
-        return dict(SparkConf().getAll())
+        SparkContext._ensure_initialized()  # connects to that JVM; without it SparkConf() is an empty Python dict
+        return dict(SparkConf(_jvm=SparkContext._jvm).getAll())
     path = defaults_file()
     if path is None:
         return {}
