@@ -57,7 +57,8 @@ def test_an_unknown_spark_cnn_key_is_one_line(preset, tmp_path):
     result = _spark_submit("--conf", "spark.cnn.batchsize=8", os.path.join(REPO, "jobs", "run.py"), preset,
                            str(tmp_path / "in"), str(tmp_path / "out"))
     assert result.returncode == 2
-    lines = [line for line in result.stderr.splitlines() if line.startswith("spark-cnn")]
+    # spark-submit merges the Python driver's stderr into its own stdout.
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("spark-cnn")]
     assert len(lines) == 1 and "unknown Spark conf key spark.cnn.batchsize" in lines[0]
     assert "spark.cnn.batchSize" in lines[0]
     assert not (tmp_path / "out").exists()
