@@ -151,3 +151,26 @@ def parse_batch_size(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise ConfigError(f"--batch-size {text}: expected auto or a positive integer") from None
+
+
+# Files per ETL micro-batch: a killed run redoes at most this many images, and each batch's output directory
+# stays a few hundred MB of JPEG input; a backlog of a million files still makes only ~1,000 batches.
+DEFAULT_MAX_FILES_PER_TRIGGER = 1000
+
+
+@dataclass(frozen=True)
+class EtlConfig:
+    """`spark-cnn etl`: the classify options plus where the stream keeps its progress."""
+
+    classify: ClassifyConfig
+    checkpoint: str
+    max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ConfigError("etl needs --checkpoint DIR: the folder where it remembers which images it has done")
+        if self.max_files_per_trigger < 1:
+            raise ConfigError(f"--max-files-per-trigger {self.max_files_per_trigger}: expected a positive integer")
+        if self.classify.overwrite:
+            raise ConfigError("etl appends to OUTPUT; --overwrite does not apply (to start over, delete OUTPUT "
+                              "and the checkpoint)")

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 
+from spark_cnn.cli import options
 from spark_cnn.cli.common import floats
+from spark_cnn.cli.options import Option, flags_only, given
 from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 
 
@@ -53,54 +57,103 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     out.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
+def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False, embed: bool = False) -> None:
+    """INPUT, OUTPUT and every classify (or embed) option. From a preset, INPUT and OUTPUT may come from the file."""
+    positional = {"nargs": "?"} if from_preset else {}
+    parser.add_argument("input", metavar="INPUT", help="folder of images (searched recursively), path or URI",
+                        **positional)
+    parser.add_argument("output", metavar="OUTPUT", help="Parquet output directory, path or URI", **positional)
+    add_classify_options(parser, embed=embed)
+
+
 def register(commands) -> None:
     parser = commands.add_parser("classify", help="classify every image under INPUT into Parquet at OUTPUT")
-    parser.add_argument("input", metavar="INPUT", help="folder of images (searched recursively), path or URI")
-    parser.add_argument("output", metavar="OUTPUT", help="Parquet output directory, path or URI")
-    add_classify_options(parser)
+    add_arguments(parser)
+    flags_only(parser)  # defaults come from the resolver, after the preset and spark.cnn.* settings
     parser.set_defaults(run=run)
 
 
-def classify_config(args: argparse.Namespace, *, embed: bool = False):
-    """The job's config from parsed flags; `embed=True` for the embed command's flags (no labels, top-k,
-    extra columns; the embedding on, from `--layer`)."""
+@functools.cache
+def option_table(embed: bool = False) -> dict[str, Option]:
+    """Every classify (or embed) option: the parser's, then ClassifyConfig's fields without a flag."""
+    from spark_cnn.config import ClassifyConfig
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser, embed=embed)
+    return options.option_table(parser, ClassifyConfig)
+
+
+def classify_config(args: argparse.Namespace, *, embed: bool = False, preset: dict | None = None,
+                    preset_name: str = "preset", spark_conf: dict | None = None):
+    """ClassifyConfig from parsed flags, over a preset, over spark.cnn.* settings, over defaults. `embed=True`:
+    the embed command's options (no labels, top-k or extra columns; the embedding on, from `--layer`)."""
+    values = options.resolve(option_table(embed), flags=given(args), preset=preset, preset_name=preset_name,
+                             spark_conf=spark_conf)
+    if embed:
+        values.update(embeddings=True, logits=False, labels=None, top_k=None)
+    return config_from(values)
+
+
+# Options that describe the model rather than the job: they become the ModelSpec.
+MODEL_OPTIONS = ("model", "weights", "resize", "crop", "mean", "std")
+PREPROCESSING_OPTIONS = ("resize", "crop", "mean", "std")
+
+
+def config_from(values: dict):
+    """ClassifyConfig from resolved option values: every value whose name is a ClassifyConfig field goes in."""
     from spark_cnn.config import ClassifyConfig, parse_batch_size
     from spark_cnn.models.spec import ModelSpec
 
+    fields = {f.name for f in dataclasses.fields(ClassifyConfig)}
+    kwargs = {k: v for k, v in values.items() if k in fields and k not in MODEL_OPTIONS}
     # Only the fields given: the rest come from the model's own preprocessing when the model is resolved.
-    prep = {k: getattr(args, k) for k in ("resize", "crop", "mean", "std") if getattr(args, k) is not None}
-    return ClassifyConfig(
-        input=args.input, output=args.output,
-        model=ModelSpec(args.model, weights=args.weights, preprocessing=prep or None),
-        labels=None if embed else args.labels, top_k=None if embed else args.top_k, master=args.master,
-        batch_size=parse_batch_size(args.batch_size),
-        device=args.device, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
-        decode=args.decode, threads=args.threads, on_error=args.on_error, summary=args.summary,
-        logits=False if embed else args.logits, embeddings=True if embed else args.embeddings,
-        layer=args.layer if embed else None, overwrite=args.overwrite, quiet=args.quiet,
-        max_pixels=args.max_pixels, max_file_bytes=args.max_file_bytes)
+    prep = {k: values[k] for k in PREPROCESSING_OPTIONS if values.get(k) is not None}
+    kwargs["model"] = ModelSpec(values["model"], weights=values.get("weights"), preprocessing=prep or None)
+    if isinstance(kwargs.get("batch_size"), str):
+        kwargs["batch_size"] = parse_batch_size(kwargs["batch_size"])
+    return ClassifyConfig(**kwargs)
 
 
 def report(summary: dict) -> str:
-    """The lines a person reads after a job."""
-    accuracy = "n/a" if summary["accuracy"] is None else f"{summary['accuracy']:.4f}"
-    sidecars = ", ".join(f"{s['executor']}@{s['host']} pid {s['pid']} {s['device']}: {s['requests']} requests, "
-                         f"{s['batches']} batches, mean batch {s['mean_batch_size']}" for s in summary["sidecars"])
-    return "\n".join([
+    """The short table a person reads after a job: totals, then one line per sidecar, then where the output is."""
+    accuracy = "n/a" if summary.get("accuracy") is None else f"{summary['accuracy']:.4f}"
+    rate = "n/a" if summary["images_per_s"] is None else summary["images_per_s"]
+    lines = [
         f"images      {summary['images']}",
         f"errors      {summary['errors']}",
-        f"images/s    {summary['images_per_s']}  ({summary['elapsed_s']} s)",
-        f"batch size  {summary['batch_size']}",
+        f"images/s    {rate}  ({summary['elapsed_s']} s)",
+        f"batch size  {summary['batch_size'] or 'auto'}",
         f"accuracy    {accuracy}",
-        f"sidecars    {len(summary['sidecars'])}: {sidecars or 'none'}",
+        f"sidecars    {len(summary['sidecars'])}",
+        *sidecar_table(summary["sidecars"]),
         f"output      {summary['output']}",
-    ])
+    ]
+    return "\n".join(lines)
+
+
+def sidecar_table(sidecars: list[dict]) -> list[str]:
+    """One indented line per sidecar: where it ran, what it served, how full its batches were."""
+    if not sidecars:
+        return []
+    header = ("executor", "host", "pid", "device", "requests", "batches", "mean batch")
+    rows = [tuple(str(s.get(k, "")) for k in ("executor", "host", "pid", "device", "requests", "batches",
+                                              "mean_batch_size")) for s in sidecars]
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in (header, *rows)]
 
 
 def run(args: argparse.Namespace) -> int:
+    from spark_cnn.spark.conf import submitted_conf
+
+    return execute(options.resolve(option_table(), flags=given(args), spark_conf=submitted_conf()))
+
+
+def execute(values: dict) -> int:
+    """Run the classify job on resolved options and print its report."""
     from spark_cnn.spark.classify_job import classify
 
-    config = classify_config(args)
+    config = config_from(values)
     summary = classify(config)
     if not config.quiet:
         print(report(summary))

@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import argparse
 
-from spark_cnn.cli.classify import add_classify_options, classify_config, report
+from spark_cnn.cli.classify import add_arguments, classify_config, report
+from spark_cnn.cli.options import flags_only
 
 
 def register(commands) -> None:
     parser = commands.add_parser("embed", help="embed every image under INPUT (one vector per image) into Parquet")
-    parser.add_argument("input", metavar="INPUT", help="folder of images (searched recursively), path or URI")
-    parser.add_argument("output", metavar="OUTPUT", help="Parquet output directory, path or URI")
-    add_classify_options(parser, embed=True)
+    add_arguments(parser, embed=True)
+    flags_only(parser)  # defaults come from the resolver, after spark.cnn.* settings
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from spark_cnn.spark.classify_job import embed
+    from spark_cnn.spark.conf import submitted_conf
 
-    config = classify_config(args, embed=True)
+    config = classify_config(args, embed=True, spark_conf=submitted_conf())
     summary = embed(config)
     if not config.quiet:
         print(report(summary))

@@ -60,3 +60,19 @@ class HadoopFS:
             stream.write(bytearray(text.encode("utf-8")))
         finally:
             stream.close()
+
+    def read_text(self, uri: str) -> str:
+        fs, path = self._fs_path(uri)
+        stream = fs.open(path)
+        try:
+            reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
+            return "\n".join(iter(reader.readLine, None))
+        finally:
+            stream.close()
+
+    def list_names(self, uri: str) -> list[str]:
+        """Names of the entries directly inside a folder ([] when it does not exist)."""
+        fs, path = self._fs_path(uri)
+        if not fs.exists(path):
+            return []
+        return [status.getPath().getName() for status in fs.listStatus(path)]

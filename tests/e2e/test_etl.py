@@ -1,0 +1,103 @@
+"""`spark-cnn etl` as cron would run it: a first run, new files, a run SIGKILLed midway, a rerun. Every image
+must end up in the output exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.sidecar.launcher import find_sidecars
+from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
+from tests.images import broken_files, write_files
+
+pytestmark = pytest.mark.e2e
+
+
+def _add_digits(demo_assets, root: str, start: int, per_class: int) -> list[str]:
+    added = []
+    for label in sorted(os.listdir(demo_assets.images)):
+        os.makedirs(os.path.join(root, label), exist_ok=True)
+        for name in sorted(os.listdir(os.path.join(demo_assets.images, label)))[start:start + per_class]:
+            added.append(shutil.copy(os.path.join(demo_assets.images, label, name), os.path.join(root, label)))
+    return added
+
+
+def _rows_per_path(output: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    if os.path.isdir(output):
+        for path in pq.read_table(output, columns=["path"]).column("path").to_pylist():
+            key = path.removeprefix("file:")
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _processes_in_group(pgid: int) -> list[int]:
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.getpgid(pid) == pgid:
+                found.append(pid)
+        except ProcessLookupError:
+            pass
+    return found
+
+
+def test_killed_run_then_rerun_lands_every_image_exactly_once(demo_assets, tmp_path):
+    source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    sidecars_before = {s.pid for s in find_sidecars()}
+    expected = _add_digits(demo_assets, source, 0, 2)
+    write_files(source, broken_files())
+    expected += [os.path.join(source, rel) for rel in broken_files()]
+    command = [os.path.join(BIN, "spark-cnn"), "etl", source, output, "--checkpoint", checkpoint,
+               "--model", DIGITS_FACTORY, "--weights", demo_assets.weights, "--labels", demo_assets.labels,
+               "--master", "local[2]"]
+
+    first = run_command([*command, "--summary", str(tmp_path / "first.json")])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "new images  23" in first.stdout and "checkpoint  file://" in first.stdout
+    assert json.loads((tmp_path / "first.json").read_text())["errors"] == 3
+
+    # New arrivals, then a run in small micro-batches killed (SIGKILL, driver and its JVM) after two of them.
+    expected += _add_digits(demo_assets, source, 2, 3)
+    write_files(source, {"late/empty.jpg": b""})
+    expected.append(os.path.join(source, "late/empty.jpg"))
+    killed = subprocess.Popen([*command, "--max-files-per-trigger", "3", "--quiet"], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not os.path.exists(os.path.join(checkpoint, "commits", "2")) and killed.poll() is None:
+            assert time.monotonic() < deadline, "the second run never committed two micro-batches"
+            time.sleep(0.05)
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=30)
+    assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed midway"
+    deadline = time.monotonic() + 30
+    while _processes_in_group(killed.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_in_group(killed.pid) == [], "the killed driver left processes (its JVM) behind"
+    committed = {int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit()}
+    batches = pq.read_table(output, columns=["batch"]).column("batch").to_pylist()
+    done_before_rerun = sum(1 for b in batches if b in committed)  # a batch written but not committed is redone
+    assert 23 < done_before_rerun < len(expected), "the kill was not midway through the new files"
+
+    rerun = run_command([*command, "--summary", str(tmp_path / "rerun.json")])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads((tmp_path / "rerun.json").read_text())
+    assert summary["images"] == len(expected) - done_before_rerun  # only what the killed run had not committed
+    rows = _rows_per_path(output)
+    assert sorted(rows) == sorted(expected)
+    assert set(rows.values()) == {1}, {p: n for p, n in rows.items() if n != 1}
+
+    deadline = time.monotonic() + 30
+    while {s.pid for s in find_sidecars()} - sidecars_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {s.pid for s in find_sidecars()} - sidecars_before == set(), "a sidecar outlived its run"
