@@ -39,7 +39,7 @@ from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
 from spark_cnn.perf.allocator import allocator_of, sidecar_environment
-from spark_cnn.perf.calibrate import DeviceProfile, calibrate
+from spark_cnn.perf.calibrate import CLOCKS, DeviceProfile, calibrate
 from spark_cnn.perf.layers import DEFAULT_INPUT_SHAPE, ModelCost, analyse
 from spark_cnn.perf.timemodel import HEADS_LAYER, NORMALISE_LAYER, predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
@@ -105,11 +105,11 @@ def _stage(module_or_runner: Any, input_shape: Sequence[int], batch: int) -> Cal
 
 def measure_batch_ms(module_or_runner: Any, input_shape: Sequence[int], batch: int, *,
                      repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                     point_budget_s: float | None = DEFAULT_POINT_BUDGET_S) -> tuple[float, float]:
+                     point_budget_s: float | None = DEFAULT_POINT_BUDGET_S, clock: str = "wall") -> tuple[float, float]:
     """(minimum ms, spread) of the sidecar's compute stage on `batch` images of `input_shape` (3, H, W), with
     an nn.Module (normalise + module + heads, as ModelRunner.forward) or a ModelRunner. `spread` is
     (median - min) / min over the timed calls. At most `point_budget_s` of timed calls, at least MIN_REPEATS
-    (or `repeats`, if fewer).
+    (or `repeats`, if fewer). `clock` as in spark_cnn.perf.calibrate.CLOCKS ("cpu": this thread's CPU time).
 
     >>> ms, spread = measure_batch_ms(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten()), (3, 32, 32), 2,
     ...                               repeats=3, warmup=1)
@@ -118,22 +118,24 @@ def measure_batch_ms(module_or_runner: Any, input_shape: Sequence[int], batch: i
     """
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats} warmup={warmup}")
+    if clock not in CLOCKS:
+        raise ConfigError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     run = _stage(module_or_runner, input_shape, batch)
     for _ in range(warmup):
         run()
-    times = [_timed(run)]
+    times = [_timed(run, CLOCKS[clock])]
     if point_budget_s is not None:
         repeats = max(min(repeats, MIN_REPEATS), min(repeats, int(point_budget_s / max(times[0], 1e-9))))
     while len(times) < repeats:
-        times.append(_timed(run))
+        times.append(_timed(run, CLOCKS[clock]))
     best, median = min(times), float(np.median(times))
     return best * 1e3, max(median - best, 0.0) / best
 
 
-def _timed(run: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+def _timed(run: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     run()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int, *,
@@ -250,7 +252,7 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
              profile: DeviceProfile | None = None, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
              repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, sweeps: int = DEFAULT_SWEEPS,
              point_budget_s: float | None = DEFAULT_POINT_BUDGET_S, module: nn.Module | None = None,
-             layers_at: int | None = None, isolate: bool | None = None) -> dict[str, Any]:
+             layers_at: int | None = None, isolate: bool | None = None, clock: str = "wall") -> dict[str, Any]:
     """Predict and measure `model_name` (built as the sidecar builds it, random weights) at `batch_sizes`.
 
     With `isolate` (the default when the model is given by name), every point is measured in a new Python
@@ -259,6 +261,8 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ModelRunner in a thread. In one process, what ran before (smaller batches, other models) changes how
     glibc's default allocator faults: squeezenet1_0 at batch 8 took 160 ms fresh and 175 to 235 ms after
     batches 1 and 2. The prediction assumes the allocator of the process that measured (see allocator_of).
+    `clock` "cpu" times the computing thread's CPU time instead of wall time: on a busy host, what an idle
+    one would measure (give it a profile calibrated with the same clock).
 
     Returns {"model", "device", "threads", "points": [{batch_size, predicted_ms, measured_ms, error,
     sweeps_ms, spread}], "mape", "mape_ge8" (percent), "repeatability" (per-point spread between sweeps,
@@ -281,7 +285,7 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     runs: dict[int, list[float]] = {b: [] for b in batch_sizes}
     spreads: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    options = {"repeats": repeats, "warmup": warmup, "point_budget_s": point_budget_s}
+    options = {"repeats": repeats, "warmup": warmup, "point_budget_s": point_budget_s, "clock": clock}
     for _ in range(sweeps):
         for b in batch_sizes:
             if isolate:
@@ -424,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calibrate-each", action="store_true",
                         help="calibrate again before each model, so that on a busy host the profile and the "
                              "measurements see the same conditions")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
+                             "host; also used for calibrating with --refresh or --calibrate-each)")
     parser.add_argument("--json", default=None, help="write all results to this file")
     args = parser.parse_args(argv)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -432,12 +439,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.models.split(","):
         if profile is None or args.calibrate_each:
             profile = calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir,
-                                refresh=args.refresh or args.calibrate_each)
+                                refresh=args.refresh or args.calibrate_each, clock=args.clock)
             profiles.append({"before": name, "key": profile.key, "created": profile.created,
-                             "calibration_s": profile.calibration_s})
+                             "calibration_s": profile.calibration_s, "notes": list(profile.notes)})
             print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
         options = {"repeats": args.repeats, "sweeps": args.sweeps, "point_budget_s": args.point_budget_s,
-                   "layers_at": args.layers_at}
+                   "layers_at": args.layers_at, "clock": args.clock}
         result = validate(name, batch_sizes, profile, **options)
         results.append(result)
         print(_table(result), flush=True)

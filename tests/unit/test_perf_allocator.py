@@ -18,7 +18,7 @@ from spark_cnn.perf.allocator import GLIBC, RETAINED, SIDECAR_MALLOC_ENV, alloca
 from spark_cnn.perf.calibrate import calibrate
 from spark_cnn.perf.layers import analyse
 from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
-from spark_cnn.perf.validate import PICK_TARGET, _pick, validate
+from spark_cnn.perf.validate import PICK_TARGET, _pick, measure_batch_ms, validate
 
 GLIBC_HOST = platform.libc_ver()[0] == "glibc"
 
@@ -98,3 +98,14 @@ def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_
     (point,) = result["points"]
     assert point["measured_ms"] > 0 and point["predicted_ms"] > 0
     assert result["pick"]["batch_size"] == 2 and result["pick"]["fraction_of_best"] == 1.0
+
+
+def test_cpu_clock_times_the_computing_thread(tmp_path):
+    ms, _ = measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=2, warmup=1, clock="cpu")
+    assert ms > 0
+    with pytest.raises(ConfigError, match="clock"):
+        measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=1, warmup=0, clock="sundial")
+    profile = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), clock="cpu")
+    assert any(note.startswith("clock: cpu") for note in profile.notes)
+    with pytest.raises(ConfigError, match="clock"):
+        calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="sundial")
