@@ -4,7 +4,7 @@ the launcher (inside Spark tasks) imports it.
 With glibc's defaults, torch's CPU tensors above the dynamic mmap threshold (at most 32 MiB) are mapped afresh
 on every call and the heap top is trimmed back to the kernel, so every batch writes fresh pages: measured on
 the 2-core development host (docs/perf-model.md), mobilenet_v2 at batch 16 faulted 90 882 pages per batch and
-took 356 ms, at batch 32 894 ms; started with SIDECAR_MALLOC_ENV the same runs faulted none and took 195 and
+took 356 ms, at batch 32 895 ms; started with SIDECAR_MALLOC_ENV the same runs faulted none and took 195 and
 407 ms. A sidecar runs the same shapes again and again, so keeping freed memory is what it wants: its
 resident size stays at its largest batch's peak instead of returning to the kernel in between.
 
