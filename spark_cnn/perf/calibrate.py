@@ -347,6 +347,8 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
         raise ConfigError(f"calibrate: clock must be one of {', '.join(CLOCKS)} ('cpu' on the CPU only), "
                           f"got {clock!r}")
     threads = threads or default_threads()
+    if clock == "cpu" and threads != 1:
+        raise ConfigError(f"calibrate: clock 'cpu' times the calling thread: it needs threads=1, not {threads}")
     key = device_key(str(resolved), threads)
     path = _cache_path(cache_dir, key)
     if not refresh and os.path.exists(path):

@@ -276,6 +276,8 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     if sweeps < 1:
         raise ConfigError(f"sweeps must be >= 1, got {sweeps}")
     profile = profile or calibrate("cpu")
+    if clock == "cpu" and profile.threads != 1:
+        raise ConfigError(f"clock 'cpu' times the calling thread: it needs one torch thread, not {profile.threads}")
     isolate = module is None if isolate is None else isolate
     if module is None:
         from spark_cnn.models.loader import build_module

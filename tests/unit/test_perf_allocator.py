@@ -109,3 +109,5 @@ def test_cpu_clock_times_the_computing_thread(tmp_path):
     assert any(note.startswith("clock: cpu") for note in profile.notes)
     with pytest.raises(ConfigError, match="clock"):
         calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="sundial")
+    with pytest.raises(ConfigError, match="one torch thread|threads=1"):
+        calibrate("cpu", threads=2, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="cpu")
