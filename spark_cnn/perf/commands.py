@@ -63,7 +63,10 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
     if validate:
         from spark_cnn.perf.validate import validate as measure
 
-        measured = measure(spec.source, [p.batch_size for p in curve], profile, module=module, input_shape=shape)
+        # Each batch size in a fresh process with the sidecar's environment, as the sidecar runs it (a process
+        # that ran other batch sizes, or this command's own allocator, times differently).
+        measured = measure(spec.source, [p.batch_size for p in curve], profile, module=module, input_shape=shape,
+                           isolate=True)
         by_size = {p["batch_size"]: p for p in measured["points"]}
         for point in result["points"]:
             m = by_size[point["batch_size"]]

@@ -21,7 +21,10 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
 - **faults**: fresh pages, the term that grows fastest with the batch on a CPU. glibc gives large tensors
   pages that fault when first written (about 1.7 us per 4 KiB page on the development host: 0.4 ms per MiB,
   more than a batch norm's arithmetic); which tensors do depends on sizes and lifetimes, so the model
-  replays the forward's allocations through a reduced glibc (`_Heap`, below).
+  replays the forward's allocations through a reduced glibc (`_Heap`, below). The sidecar starts with
+  malloc settings that keep freed memory (`spark_cnn.perf.allocator`), so by default (`allocator=RETAINED`)
+  the replay finds no fresh pages once the heap has grown to the batch's peak; `allocator=GLIBC` predicts a
+  process with glibc's defaults.
 
 The layout is channels-last throughout, as in the sidecar (see calibrate.py). Elementwise activations and
 residual adds are taken to run in place, as torchvision's do (ReLU(inplace=True), `out += identity`).
@@ -41,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from spark_cnn.errors import ConfigError
+from spark_cnn.perf.allocator import GLIBC, RETAINED
 from spark_cnn.perf.calibrate import DeviceProfile, conv_backend
 from spark_cnn.perf.layers import LayerCost, ModelCost
 
@@ -95,19 +99,24 @@ def _check(profile: DeviceProfile, batch: int, precision: str) -> None:
                           f"{PRECISIONS} only; predict with precision='fp32'")
 
 
-def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *,
-                      precision: str = "fp32") -> list[tuple[LayerCost, float, str]]:
+def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32",
+                      allocator: str = RETAINED) -> list[tuple[LayerCost, float, str]]:
     """(layer, milliseconds, bound) for every layer at `batch`, in execution order, after the sidecar's
     pseudo-layer "<normalise>" and before "<heads>" and "<modules>" (the calls of non-leaf modules). `bound`
     is "compute", "memory" or "overhead": the largest of the layer's terms (page faults count as memory).
 
     The sum is predict_batch_ms. Names are the ModelCost's, so a per-layer measurement can be set beside
-    them (spark_cnn.perf.validate.layer_report)."""
+    them (spark_cnn.perf.validate.layer_report). `allocator` is how the process running the model allocates
+    (spark_cnn.perf.allocator): RETAINED, the sidecar's settings, keeps freed memory, so the steady state
+    faults no pages; GLIBC, glibc's defaults, faults large tensors' pages on every batch."""
     _check(profile, batch, precision)
+    if allocator not in (RETAINED, GLIBC):
+        raise ConfigError(f"allocator must be {RETAINED!r} or {GLIBC!r}, got {allocator!r}")
     model = _Model.of(profile)
     scale = FP32 / cost.dtype_bytes
     layers = (_normalise_layer(cost), *cost.layers, _heads_layer(cost), _modules_layer(cost))
-    faulted = _faulted_bytes(layers, batch, scale, profile) if profile.fault_us_per_page > 0 else None
+    faulted = (_faulted_bytes(layers, batch, scale, profile, retained=allocator == RETAINED)
+               if profile.fault_us_per_page > 0 else None)
     rows = []
     for i, layer in enumerate(layers):
         fault_us = faulted[i] / PAGE_BYTES * profile.fault_us_per_page if faulted else 0.0
@@ -116,15 +125,17 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *,
     return rows
 
 
-def predict_batch_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32") -> float:
+def predict_batch_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32",
+                     allocator: str = RETAINED) -> float:
     """Milliseconds for one batch of `batch` images through the sidecar's compute stage (the sum of
     predict_layers_ms)."""
-    return sum(ms for _, ms, _ in predict_layers_ms(cost, profile, batch, precision=precision))
+    return sum(ms for _, ms, _ in predict_layers_ms(cost, profile, batch, precision=precision, allocator=allocator))
 
 
-def predict_throughput(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32") -> float:
+def predict_throughput(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32",
+                       allocator: str = RETAINED) -> float:
     """Images per second of the compute stage at `batch`."""
-    return batch * 1e3 / predict_batch_ms(cost, profile, batch, precision=precision)
+    return batch * 1e3 / predict_batch_ms(cost, profile, batch, precision=precision, allocator=allocator)
 
 
 def predict_transfer_ms(profile: DeviceProfile, nbytes: int) -> float:
@@ -407,11 +418,13 @@ class _Heap:
     """glibc's main arena reduced to what decides page faults: best-fit free chunks, a top that grows and is
     trimmed, and the dynamic mmap and trim thresholds. Addresses are byte offsets; `faulted` counts bytes."""
 
-    def __init__(self, max_mmap_threshold: int, *, settled: bool = True):
+    def __init__(self, max_mmap_threshold: int, *, settled: bool = True, retained: bool = False):
         self.max_mmap_threshold = max_mmap_threshold
         self.mmap_threshold = self.trim_threshold = GLIBC_MMAP_THRESHOLD_MIN
         if settled:  # a process that has freed a large mapped chunk (loading a model does): thresholds at the top
             self.mmap_threshold, self.trim_threshold = max_mmap_threshold, 2 * max_mmap_threshold
+        if retained:  # SIDECAR_MALLOC_ENV: no mmap, no trim, fixed thresholds
+            self.max_mmap_threshold = self.mmap_threshold = self.trim_threshold = math.inf
         self.chunks: list[list] = []  # [start, size, free], in address order, ending at self.top
         self.top = 0                  # where the free top region starts
         self.mapped = 0               # pages below this are resident
@@ -534,8 +547,10 @@ def _extra_inputs(op: str, produced: list[_Tensor], primary: _Tensor, current: _
     return same[-1:] if same else []  # the oldest of that size: where the run of equal shapes began
 
 
-def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profile: DeviceProfile) -> list[int]:
-    """Bytes of fresh pages each layer writes in the steady state of repeated forwards at `batch`."""
+def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profile: DeviceProfile, *,
+                   retained: bool = False) -> list[int]:
+    """Bytes of fresh pages each layer writes in the steady state of repeated forwards at `batch` (`retained`:
+    an allocator that never maps nor trims, SIDECAR_MALLOC_ENV)."""
     inputs, outputs = _resolve_inputs(layers)
     last_use: dict[int, int] = {}
     for i, tensors in enumerate(inputs):
@@ -551,7 +566,7 @@ def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profil
             dies.setdefault(last_use[id(tensor)], []).append(tensor)
     temporaries = [_temporary_bytes(layer, batch, profile) for layer in layers]
     pixels = batch * layers[0].input_bytes  # the staged uint8 batch (the first layer is the normalisation)
-    heap = _Heap(profile.mmap_threshold_bytes or (32 << 20))
+    heap = _Heap(profile.mmap_threshold_bytes or (32 << 20), retained=retained)
     faulted = [0] * len(layers)
     for _ in range(REPLAYED_FORWARDS):
         staged = heap.malloc(pixels)

@@ -3,12 +3,17 @@ measurement's own repeatability, and a per-layer report of where the prediction 
 
 What is timed is what the time model predicts: the sidecar's compute stage for one batch (normalise uint8
 NHWC pixels, the model, softmax and top-k), with the profile's thread count, under `torch.inference_mode`,
-after warm-up, keeping the minimum of repeated calls, each batch size in a fresh process (see validate()).
+after warm-up, keeping the minimum of repeated calls, each batch size in a fresh process (see validate())
+that runs the sidecar's own ModelRunner in a service thread, started with the sidecar's malloc settings
+(spark_cnn.perf.allocator): the layout, allocator and thread the sidecar really uses.
 Each batch size is measured in `sweeps` separate passes over all sizes; the point's measurement is the best
 of them, and how much the sweeps disagree is the repeatability reported beside the MAPE. Models are built
 with random weights (no downloads); time does not depend on the weights' values.
 
     python -m spark_cnn.perf.validate --models resnet18,mobilenet_v3_small --batch-sizes 1,2,4,8,16,32,64
+
+Beside the error it checks the tuner: the batch size the tuner picks from the predicted curve, and the
+fraction of the best measured throughput of the sweep that it reaches (target >= PICK_TARGET).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import math
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,9 +38,11 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
-from spark_cnn.perf.calibrate import DeviceProfile, calibrate
+from spark_cnn.perf.allocator import allocator_of, sidecar_environment
+from spark_cnn.perf.calibrate import CLOCKS, DeviceProfile, calibrate
 from spark_cnn.perf.layers import DEFAULT_INPUT_SHAPE, ModelCost, analyse
 from spark_cnn.perf.timemodel import HEADS_LAYER, NORMALISE_LAYER, predict_batch_ms, predict_layers_ms
+from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 
 __all__ = ["DEFAULT_BATCH_SIZES", "layer_report", "measure_batch_ms", "measure_layers_ms", "settle_allocator",
            "validate"]
@@ -49,8 +57,9 @@ DEFAULT_WARMUP = 3
 MIN_REPEATS = 2
 DEFAULT_POINT_BUDGET_S = 4.0
 DEFAULT_SWEEPS = 2
-# The issue's targets: MAPE over batch >= 8, and over every size.
+# The issue's targets: MAPE over batch >= 8, and over every size; the tuner's pick within 5% of the best.
 LARGE_BATCH = 8
+PICK_TARGET = 0.95
 
 
 # glibc raises its mmap threshold to the size of a freed mapped chunk, up to 32 MiB: tensors below it then come
@@ -96,11 +105,11 @@ def _stage(module_or_runner: Any, input_shape: Sequence[int], batch: int) -> Cal
 
 def measure_batch_ms(module_or_runner: Any, input_shape: Sequence[int], batch: int, *,
                      repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
-                     point_budget_s: float | None = DEFAULT_POINT_BUDGET_S) -> tuple[float, float]:
+                     point_budget_s: float | None = DEFAULT_POINT_BUDGET_S, clock: str = "wall") -> tuple[float, float]:
     """(minimum ms, spread) of the sidecar's compute stage on `batch` images of `input_shape` (3, H, W), with
     an nn.Module (normalise + module + heads, as ModelRunner.forward) or a ModelRunner. `spread` is
     (median - min) / min over the timed calls. At most `point_budget_s` of timed calls, at least MIN_REPEATS
-    (or `repeats`, if fewer).
+    (or `repeats`, if fewer). `clock` as in spark_cnn.perf.calibrate.CLOCKS ("cpu": this thread's CPU time).
 
     >>> ms, spread = measure_batch_ms(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten()), (3, 32, 32), 2,
     ...                               repeats=3, warmup=1)
@@ -109,22 +118,24 @@ def measure_batch_ms(module_or_runner: Any, input_shape: Sequence[int], batch: i
     """
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats} warmup={warmup}")
+    if clock not in CLOCKS:
+        raise ConfigError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
     run = _stage(module_or_runner, input_shape, batch)
     for _ in range(warmup):
         run()
-    times = [_timed(run)]
+    times = [_timed(run, CLOCKS[clock])]
     if point_budget_s is not None:
         repeats = max(min(repeats, MIN_REPEATS), min(repeats, int(point_budget_s / max(times[0], 1e-9))))
     while len(times) < repeats:
-        times.append(_timed(run))
+        times.append(_timed(run, CLOCKS[clock]))
     best, median = min(times), float(np.median(times))
     return best * 1e3, max(median - best, 0.0) / best
 
 
-def _timed(run: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+def _timed(run: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     run()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int, *,
@@ -208,7 +219,7 @@ def layer_report(module: nn.Module, profile: DeviceProfile, batch: int, *, cost:
     with _threads(threads or profile.threads):
         measured = measure_layers_ms(module, input_shape, batch, repeats=repeats)
     rows = []
-    for layer, ms, bound in predict_layers_ms(cost, profile, batch):
+    for layer, ms, bound in predict_layers_ms(cost, profile, batch, allocator=allocator_of()):
         got = measured.get(layer.name)
         if got is None:
             continue
@@ -241,37 +252,50 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
              profile: DeviceProfile | None = None, *, input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE,
              repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, sweeps: int = DEFAULT_SWEEPS,
              point_budget_s: float | None = DEFAULT_POINT_BUDGET_S, module: nn.Module | None = None,
-             layers_at: int | None = None, isolate: bool | None = None) -> dict[str, Any]:
+             layers_at: int | None = None, isolate: bool | None = None, clock: str = "wall") -> dict[str, Any]:
     """Predict and measure `model_name` (built as the sidecar builds it, random weights) at `batch_sizes`.
 
     With `isolate` (the default when the model is given by name), every point is measured in a new Python
     process that builds the model and runs only that batch size: a sidecar serving one batch size from its
-    own process. In one process, what ran before (smaller batches, other models) changes how the allocator
-    faults: squeezenet1_0 at batch 8 took 160 ms fresh and 175 to 235 ms after batches 1 and 2.
+    own process, started with the sidecar's environment (its malloc settings), running the sidecar's
+    ModelRunner in a thread. In one process, what ran before (smaller batches, other models) changes how
+    glibc's default allocator faults: squeezenet1_0 at batch 8 took 160 ms fresh and 175 to 235 ms after
+    batches 1 and 2. The prediction assumes the allocator of the process that measured (see allocator_of).
+    `clock` "cpu" times the computing thread's CPU time instead of wall time: on a busy host, what an idle
+    one would measure (give it a profile calibrated with the same clock).
 
     Returns {"model", "device", "threads", "points": [{batch_size, predicted_ms, measured_ms, error,
     sweeps_ms, spread}], "mape", "mape_ge8" (percent), "repeatability" (per-point spread between sweeps,
-    percent: mean and max), "load" (1-minute load average before and after), "seconds", "protocol"}; with
-    `layers_at`, also "layers": the per-layer report at that batch size.
+    percent: mean and max), "pick" (the tuner's batch size from the predicted curve and the fraction of the
+    best measured throughput it reaches, overall and per sweep), "allocator", "load" (1-minute load average
+    before and after), "seconds", "protocol"}; with `layers_at`, also "layers": the per-layer report at
+    that batch size.
     """
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ConfigError(f"batch_sizes must be positive integers, got {batch_sizes!r}")
     if sweeps < 1:
         raise ConfigError(f"sweeps must be >= 1, got {sweeps}")
     profile = profile or calibrate("cpu")
+    if clock == "cpu" and profile.threads != 1:
+        raise ConfigError(f"clock 'cpu' times the calling thread: it needs one torch thread, not {profile.threads}")
     isolate = module is None if isolate is None else isolate
     if module is None:
         from spark_cnn.models.loader import build_module
         module = build_module(model_name)
     cost = analyse(module, tuple(input_shape))
+    allocator = allocator_of(sidecar_environment()) if isolate else allocator_of()
     start, load_before = time.perf_counter(), os.getloadavg()[0]
     runs: dict[int, list[float]] = {b: [] for b in batch_sizes}
     spreads: dict[int, list[float]] = {b: [] for b in batch_sizes}
-    options = {"repeats": repeats, "warmup": warmup, "point_budget_s": point_budget_s}
+    options = {"repeats": repeats, "warmup": warmup, "point_budget_s": point_budget_s, "clock": clock}
     for _ in range(sweeps):
         for b in batch_sizes:
             if isolate:
-                ms, spread = _measure_in_fresh_process(model_name, tuple(input_shape), b, profile.threads, options)
+                ms, spread, measured_with = _measure_in_fresh_process(model_name, tuple(input_shape), b,
+                                                                     profile.threads, options)
+                if measured_with != allocator:
+                    raise RuntimeError(f"the measuring process ran with the {measured_with} allocator, "
+                                       f"the prediction assumes {allocator}")
             else:
                 with _threads(profile.threads):
                     ms, spread = measure_batch_ms(module, input_shape, b, **options)
@@ -280,7 +304,7 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     points = []
     for b in batch_sizes:
         measured = min(runs[b])
-        predicted = predict_batch_ms(cost, profile, b)
+        predicted = predict_batch_ms(cost, profile, b, allocator=allocator)
         points.append({"batch_size": b, "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
                        "error": round((predicted - measured) / measured, 4),
                        "sweeps_ms": [round(ms, 3) for ms in runs[b]], "spread": round(max(spreads[b]), 4)})
@@ -290,6 +314,7 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
               "mape_ge8": _mape([p["error"] for p in points if p["batch_size"] >= LARGE_BATCH]),
               "repeatability": {"mean_pct": _mape(between), "max_pct": round(100 * max(between), 2) if between
                                 else None, "sweeps": sweeps},
+              "pick": _pick(points, runs), "allocator": allocator,
               "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
               "seconds": round(time.perf_counter() - start, 1),
               "protocol": {**options, "isolated": isolate, "measured": "min over sweeps of min over calls"}}
@@ -299,25 +324,87 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     return result
 
 
+def _pick(points: list[dict[str, Any]], runs: dict[int, list[float]]) -> dict[str, Any]:
+    """The tuner's choice from the predicted curve (performance mode, as the sidecar starts) against the
+    measured curve: the fraction of the best measured throughput it reaches, from the best of the sweeps and
+    within each sweep on its own."""
+    choice = choose_batch_size([CurvePoint(p["batch_size"], p["predicted_ms"]) for p in points])
+    measured = {p["batch_size"]: p["batch_size"] / p["measured_ms"] for p in points}
+    best = max(measured, key=measured.get)
+    fraction = measured[choice.batch_size] / measured[best]
+    per_sweep = []
+    for sweep in range(min(len(times) for times in runs.values())):
+        rate = {b: b / times[sweep] for b, times in runs.items()}
+        per_sweep.append(round(rate[choice.batch_size] / max(rate.values()), 3))
+    return {"batch_size": choice.batch_size, "measured_best_batch_size": best,
+            "fraction_of_best": round(fraction, 3), "fraction_by_sweep": per_sweep, "target": PICK_TARGET,
+            "meets": fraction >= PICK_TARGET}
+
+
 def _measure_in_fresh_process(model_name: str, input_shape: tuple, batch: int, threads: int,
-                              options: dict) -> tuple[float, float]:
+                              options: dict) -> tuple[float, float, str]:
+    """(ms, spread, allocator) of one point, measured in a new process started with the sidecar's
+    environment."""
     context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
+    with _environment(sidecar_environment()):  # glibc reads its malloc settings when a process starts
+        pool = context.Pool(1)
+    with pool:
         return pool.apply(_measure_model, (model_name, input_shape, batch, threads, options))
 
 
+class _environment:
+    """Set os.environ to `env` for a block (what processes started in it inherit), then restore it."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+
+    def __enter__(self):
+        self.previous = dict(os.environ)
+        os.environ.update(self.env)
+
+    def __exit__(self, *exc):
+        for name in set(os.environ) - set(self.previous):
+            del os.environ[name]
+        os.environ.update(self.previous)
+
+
 def _measure_model(model_name: str, input_shape: tuple, batch: int, threads: int,
-                   options: dict) -> tuple[float, float]:
-    from spark_cnn.models.loader import build_module
+                   options: dict) -> tuple[float, float, str]:
+    """In the measuring process: the sidecar's ModelRunner for `model_name` (random weights), timed in a
+    thread as the sidecar's service computes."""
+    from spark_cnn.models.spec import Endpoint
+    from spark_cnn.sidecar.runner import ModelRunner
 
     torch.set_num_threads(threads)
-    return measure_batch_ms(build_module(model_name), input_shape, batch, **options)
+    height = input_shape[1]
+    prep = Preprocessing(resize=max(input_shape[1:]), crop=height) if input_shape[1] == input_shape[2] \
+        else Preprocessing()
+    endpoint = Endpoint(source=model_name, weights=None, preprocessing=prep, top_k=DEFAULT_TOP_K)
+    runner = ModelRunner(endpoint, torch.device("cpu"))
+    outcome: dict[str, Any] = {}
+
+    def compute() -> None:
+        try:
+            outcome["result"] = measure_batch_ms(runner, input_shape, batch, **options)
+        except BaseException as e:  # re-raised in the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=compute, name="validate-compute")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return (*outcome["result"], allocator_of())
 
 
 def _table(result: dict[str, Any]) -> str:
     lines = [f"{result['model']}: MAPE {result['mape']}% (batch >= {LARGE_BATCH}: {result['mape_ge8']}%), "
              f"sweeps differ by {result['repeatability']['mean_pct']}% on average "
-             f"(max {result['repeatability']['max_pct']}%), load {result['load']}, {result['seconds']} s",
+             f"(max {result['repeatability']['max_pct']}%), load {result['load']}, {result['seconds']} s, "
+             f"{result['allocator']} allocator",
+             f"tuner pick: batch {result['pick']['batch_size']}, {100 * result['pick']['fraction_of_best']:.1f}% of "
+             f"the best measured throughput (batch {result['pick']['measured_best_batch_size']}; per sweep "
+             f"{result['pick']['fraction_by_sweep']}), target >= {100 * PICK_TARGET:.0f}%",
              f"{'batch':>6} {'predicted ms':>13} {'measured ms':>12} {'error':>8}  sweeps ms"]
     for p in result["points"]:
         lines.append(f"{p['batch_size']:>6} {p['predicted_ms']:>13.2f} {p['measured_ms']:>12.2f} "
@@ -340,23 +427,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--layers-at", type=int, default=None, help="per-layer report at this batch size")
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--refresh", action="store_true", help="calibrate again")
+    parser.add_argument("--calibrate-each", action="store_true",
+                        help="calibrate again before each model, so that on a busy host the profile and the "
+                             "measurements see the same conditions")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
+                             "host; also used for calibrating with --refresh or --calibrate-each)")
     parser.add_argument("--json", default=None, help="write all results to this file")
     args = parser.parse_args(argv)
-    profile = calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir, refresh=args.refresh)
-    print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    results = []
+    results, profiles, started = [], [], time.perf_counter()
+    profile = None
     for name in args.models.split(","):
+        if profile is None or args.calibrate_each:
+            profile = calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir,
+                                refresh=args.refresh or args.calibrate_each, clock=args.clock)
+            profiles.append({"before": name, "key": profile.key, "created": profile.created,
+                             "calibration_s": profile.calibration_s, "notes": list(profile.notes)})
+            print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
         options = {"repeats": args.repeats, "sweeps": args.sweeps, "point_budget_s": args.point_budget_s,
-                   "layers_at": args.layers_at}
+                   "layers_at": args.layers_at, "clock": args.clock}
         result = validate(name, batch_sizes, profile, **options)
         results.append(result)
         print(_table(result), flush=True)
+    print(_summary(results, time.perf_counter() - started), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"profile": profile.key, "calibration_s": profile.calibration_s, "results": results}, f,
-                      indent=1)
+            json.dump({"profile": profile.key, "profiles": profiles, "results": results}, f, indent=1)
     return 0
+
+
+def _summary(results: list[dict[str, Any]], seconds: float) -> str:
+    """One Markdown row per model: the figures docs/perf-model.md reports."""
+    lines = [f"all models: {seconds / 60:.1f} min",
+             "| model | MAPE batch >= 8 | MAPE 1..64 | sweeps differ (mean / max) | worst point | tuner pick "
+             "(% of best measured) | load |",
+             "| --- | ---: | ---: | --- | --- | --- | --- |"]
+    for r in results:
+        worst = max(r["points"], key=lambda p: abs(p["error"]))
+        pick = r["pick"]
+        lines.append(f"| {r['model']} | {r['mape_ge8']}% | {r['mape']}% | {r['repeatability']['mean_pct']}% / "
+                     f"{r['repeatability']['max_pct']}% | batch {worst['batch_size']}: {100 * worst['error']:+.1f}% | "
+                     f"batch {pick['batch_size']}: {100 * pick['fraction_of_best']:.1f}% (best batch "
+                     f"{pick['measured_best_batch_size']}) | {r['load'][0]} -> {r['load'][1]} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -326,8 +326,8 @@ def test_faults_appear_only_at_large_batches(digits_cost):
     assert sum(timemodel._faulted_bytes(layers, 8, 1.0, profile)) == 0
     faulted = timemodel._faulted_bytes(layers, 4096, 1.0, profile)  # 16 MiB per conv output: heap and maps
     assert sum(faulted) > 0
-    with_faults = predict_batch_ms(digits_cost, profile, 4096)
-    assert with_faults > predict_batch_ms(digits_cost, synthetic_profile(), 4096)
+    with_faults = predict_batch_ms(digits_cost, profile, 4096, allocator="glibc")  # glibc's defaults
+    assert with_faults > predict_batch_ms(digits_cost, synthetic_profile(), 4096, allocator="glibc")
     assert with_faults - predict_batch_ms(digits_cost, synthetic_profile(), 4096) == pytest.approx(
         sum(faulted) / 4096 * 1.0 / 1e3, rel=1e-6)
 

@@ -37,6 +37,7 @@ from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import Endpoint, ModelSpec
+from spark_cnn.perf.allocator import sidecar_environment
 from spark_cnn.sidecar import launcher, protocol
 from spark_cnn.sidecar.client import SidecarClient, map_ordered
 from spark_cnn.sidecar.launcher import (
@@ -213,6 +214,9 @@ def test_one_sidecar_per_key_visible_in_ps_with_private_files(shared, runtime):
     assert stat.S_IMODE(os.stat(info.socket).st_mode) == 0o600
     assert stat.S_ISSOCK(os.stat(info.socket).st_mode)
     assert [found.pid for found in find_sidecars(app.app_id)] == [info.pid]
+    with open(f"/proc/{info.pid}/environ", "rb") as f:  # started with the malloc settings the time model assumes
+        environ = set(f.read().split(b"\0"))
+    assert {f"{k}={v}".encode() for k, v in sidecar_environment().items() if k.startswith("MALLOC_")} <= environ
 
 
 _RACE_SCRIPT = textwrap.dedent("""

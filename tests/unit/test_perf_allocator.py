@@ -1,0 +1,113 @@
+"""The sidecar's malloc settings, the time model's two allocators, the channels-last layout the sidecar feeds
+its models, and validation in fresh processes that run as the sidecar does."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+
+import pytest
+import torch
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.imaging.tensors import normalise
+from spark_cnn.models.demo import DIGITS_FACTORY, DigitsCNN
+from spark_cnn.perf import timemodel
+from spark_cnn.perf.allocator import GLIBC, RETAINED, SIDECAR_MALLOC_ENV, allocator_of, sidecar_environment
+from spark_cnn.perf.calibrate import calibrate
+from spark_cnn.perf.layers import analyse
+from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
+from spark_cnn.perf.validate import PICK_TARGET, _pick, measure_batch_ms, validate
+
+GLIBC_HOST = platform.libc_ver()[0] == "glibc"
+
+
+def test_sidecar_environment_adds_the_settings_and_keeps_the_users():
+    env = sidecar_environment({"PATH": "/bin", "MALLOC_ARENA_MAX": "4"})
+    assert env["PATH"] == "/bin" and env["MALLOC_ARENA_MAX"] == "4"  # the user's choice wins
+    assert env["MALLOC_MMAP_MAX_"] == "0" and int(env["MALLOC_TRIM_THRESHOLD_"]) >= 1 << 30
+    assert set(SIDECAR_MALLOC_ENV) <= set(sidecar_environment({}))
+
+
+@pytest.mark.skipif(not GLIBC_HOST, reason="the settings are glibc's")
+def test_allocator_of_reads_the_settings():
+    assert allocator_of(sidecar_environment({})) == RETAINED
+    assert allocator_of({}) == GLIBC
+    assert allocator_of({"MALLOC_MMAP_MAX_": "0"}) == GLIBC               # still trims: pages fault again
+    assert allocator_of({"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "junk"}) == GLIBC
+
+
+def test_retained_heap_faults_only_while_it_grows():
+    heap = timemodel._Heap(32 << 20, retained=True)
+    sizes = [64 << 20, 8 << 20, 100 << 20, 1 << 20]
+    for _ in range(3):
+        before = heap.faulted
+        for chunk in [heap.malloc(size) for size in sizes]:
+            heap.free(chunk)
+        grown = heap.faulted - before
+    assert grown == 0 and heap.faulted == sum(sizes)  # the first pass grows to the peak, then all is reused
+    glibc = timemodel._Heap(32 << 20)
+    for _ in range(3):
+        before = glibc.faulted
+        for chunk in [glibc.malloc(size) for size in sizes]:
+            glibc.free(chunk)
+    assert glibc.faulted - before >= (64 + 100) << 20  # mapped afresh every pass
+
+
+def test_time_model_charges_faults_only_for_glibcs_defaults(digits_cost_and_profile):
+    cost, profile = digits_cost_and_profile
+    no_faults = dataclasses.replace(profile, fault_us_per_page=0.0)
+    retained = predict_batch_ms(cost, profile, 4096)  # default: the sidecar's allocator
+    assert retained == pytest.approx(predict_batch_ms(cost, no_faults, 4096), rel=1e-3)
+    assert predict_batch_ms(cost, profile, 4096, allocator=GLIBC) > retained
+    with pytest.raises(ConfigError, match="allocator"):
+        predict_layers_ms(cost, profile, 2, allocator="jemalloc")
+
+
+@pytest.fixture(scope="module")
+def digits_cost_and_profile(tmp_path_factory):
+    profile = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path_factory.mktemp("profiles")))
+    profile = dataclasses.replace(profile, fault_us_per_page=1.0)  # whatever this host measured: a fixed cost
+    return analyse(DigitsCNN(), (3, 32, 32)), profile
+
+
+def test_normalise_hands_the_model_channels_last():
+    images = normalise(torch.zeros(2, 5, 7, 3, dtype=torch.uint8), Preprocessing())
+    assert images.shape == (2, 3, 5, 7) and images.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_pick_compares_the_tuners_choice_with_the_best_measured():
+    points = [{"batch_size": b, "predicted_ms": p, "measured_ms": m}
+              for b, p, m in [(1, 10.0, 10.0), (8, 40.0, 60.0), (16, 79.0, 100.0)]]
+    pick = _pick(points, {1: [10.0, 11.0], 8: [60.0, 70.0], 16: [100.0, 90.0]})
+    # predicted: 16 best (202.5 img/s), 8 within 3% -> 8; measured best is 16 (160 img/s), 8 gives 133.3
+    assert pick["batch_size"] == 8 and pick["measured_best_batch_size"] == 16
+    assert pick["fraction_of_best"] == pytest.approx(133.33 / 160, abs=1e-3) and pick["meets"] is False
+    assert pick["fraction_by_sweep"] == [pytest.approx(133.33 / 160, abs=1e-3), pytest.approx(114.29 / 177.78,
+                                                                                              abs=1e-3)]
+    assert pick["target"] == PICK_TARGET
+
+
+def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_cost_and_profile):
+    _, profile = digits_cost_and_profile
+    result = validate(DIGITS_FACTORY, [2], profile, input_shape=(3, 32, 32), repeats=2, warmup=1, sweeps=1,
+                      isolate=True)
+    assert result["protocol"]["isolated"] is True
+    assert result["allocator"] == allocator_of(sidecar_environment())  # checked against the worker's own
+    (point,) = result["points"]
+    assert point["measured_ms"] > 0 and point["predicted_ms"] > 0
+    assert result["pick"]["batch_size"] == 2 and result["pick"]["fraction_of_best"] == 1.0
+
+
+def test_cpu_clock_times_the_computing_thread(tmp_path):
+    ms, _ = measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=2, warmup=1, clock="cpu")
+    assert ms > 0
+    with pytest.raises(ConfigError, match="clock"):
+        measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=1, warmup=0, clock="sundial")
+    profile = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), clock="cpu")
+    assert any(note.startswith("clock: cpu") for note in profile.notes)
+    with pytest.raises(ConfigError, match="clock"):
+        calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="sundial")
+    with pytest.raises(ConfigError, match="one torch thread|threads=1"):
+        calibrate("cpu", threads=2, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="cpu")
