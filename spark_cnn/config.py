@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT
+from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT, REPLY_TIMEOUT_S
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
 
@@ -44,6 +44,7 @@ class ClassifyConfig:
     request_rows: int = DEFAULT_REQUEST_ROWS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    request_timeout_s: float = REPLY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -69,6 +70,8 @@ class ClassifyConfig:
         _ = self.run_options  # validates precision and batch size
         if self.idle_timeout_s <= 0:
             raise ConfigError(f"sidecar idle timeout must be positive, got {self.idle_timeout_s}")
+        if not self.request_timeout_s > 0:
+            raise ConfigError(f"--request-timeout {self.request_timeout_s}: expected a positive number of seconds")
 
 
     @property

@@ -30,6 +30,9 @@ def add_classify_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--decode", default="task", choices=["task", "sidecar", "gpu"],
                      help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG)")
     run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: half the cores)")
+    run.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                     help="a sidecar that does not answer a request for this long is stopped and the task retried "
+                          "(default: 300)")
     run.add_argument("--on-error", default="record", choices=["record", "fail"],
                      help="an unreadable image: record it in the error column, or fail the job")
     out = parser.add_argument_group("output")
@@ -60,7 +63,8 @@ def classify_config(args: argparse.Namespace):
         labels=args.labels, top_k=args.top_k, master=args.master, batch_size=parse_batch_size(args.batch_size),
         device=args.device, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
         decode=args.decode, threads=args.threads, on_error=args.on_error, summary=args.summary, logits=args.logits,
-        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet)
+        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet,
+        **({"request_timeout_s": args.request_timeout} if args.request_timeout is not None else {}))
 
 
 def report(summary: dict) -> str:

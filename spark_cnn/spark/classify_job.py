@@ -16,7 +16,16 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
-from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError, SidecarError, SparkCnnError
+from spark_cnn.errors import (
+    ConfigError,
+    ImageError,
+    InputError,
+    ModelError,
+    SidecarError,
+    SidecarHung,
+    SidecarLost,
+    SparkCnnError,
+)
 from spark_cnn.sidecar.launcher import LaunchOptions, stop_sidecars
 from spark_cnn.spark.inference import InferencePlan, PartitionInference, spark_ddl
 from spark_cnn.spark.session import spark_session
@@ -26,7 +35,8 @@ from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 _TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
-_ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError)}
+_ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError,
+                                              SidecarHung, SidecarLost)}
 
 
 def read_labels(path: str | None) -> tuple[str, ...] | None:
@@ -75,7 +85,8 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
                                  threads=config.threads),
             job_id=job_id, options=config.run_options.to_dict(), decode=config.decode, on_error=config.on_error,
             label_names=labels,
-            request_rows=config.request_rows, max_in_flight=config.max_in_flight)
+            request_rows=config.request_rows, max_in_flight=config.max_in_flight,
+            request_timeout_s=config.request_timeout_s)
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
         outputs = read_images(spark, input_uri).mapInArrow(
             PartitionInference(plan, sidecar_stats), spark_ddl(logits=config.logits, embeddings=config.embeddings))

@@ -20,7 +20,8 @@ from pyspark import TaskContext
 from spark_cnn.errors import ImageError, SidecarError
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
+from spark_cnn.sidecar.client import REPLY_TIMEOUT_S, SidecarClient, map_ordered
+from spark_cnn.sidecar.failover import FailoverClient
 from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.sidecar.protocol import ERROR_COLUMN
 from spark_cnn.spark.stats import sidecar_key
@@ -65,6 +66,7 @@ class InferencePlan:
     label_names: tuple[str, ...] | None = None
     request_rows: int = 16
     max_in_flight: int = 4
+    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs (see failover.py)
 
 
 @dataclass
@@ -90,9 +92,14 @@ class PartitionInference:
             return  # an empty partition never starts a sidecar
         plan = self.plan
         endpoint = plan.endpoint.localised(_shipped_file)
-        info = ensure_sidecar(_with_task_device(plan.launch))
-        with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
-                           decode=plan.decode) as client:
+        launch = _with_task_device(plan.launch)
+
+        def connect() -> SidecarClient:  # again after a sidecar died: ensure_sidecar then starts a new one
+            info = ensure_sidecar(launch)
+            return SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
+                                 decode=plan.decode, timeout_s=plan.request_timeout_s)
+
+        with FailoverClient(connect) as client:
             for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
                 if rows is None:
                     yield self._assemble(state)
