@@ -140,3 +140,23 @@ def test_weights_that_would_run_code_are_refused(tmp_path):
     with pytest.raises(ModelError, match="not a loadable state_dict"):
         build_module(DIGITS_FACTORY, str(weights_file))
     assert not marker.exists(), "unpickling the weights ran code"
+
+
+def test_no_package_code_unpickles_without_an_allow_list_or_loads_torch_files_unsafely():
+    """Pickle runs code: dataset metadata and weights must never be unpickled freely. Any module that unpickles
+    must restrict the classes (a find_class allow-list); torch.load must pass weights_only=True."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    offenders = []
+    for root, _, names in os.walk(os.path.join(package, "spark_cnn")):
+        for name in (n for n in names if n.endswith(".py")):
+            path = os.path.join(root, name)
+            with open(path) as f:
+                text = f.read()
+            unpickles = any(call in text for call in ("pickle.load", "pickle.Unpickler", "cloudpickle.load",
+                                                       "dill.load"))
+            if unpickles and "def find_class" not in text:
+                offenders.append(f"{path}: unpickles without a find_class allow-list")
+            for call in text.split("torch.load(")[1:]:
+                if "weights_only=True" not in call.split(")")[0]:
+                    offenders.append(f"{path}: torch.load without weights_only=True")
+    assert not offenders, offenders

@@ -76,6 +76,8 @@ def test_sigkill_mid_stream_resends_in_flight_requests_to_a_new_sidecar(app, end
     assert gone(first.pid)
     [now] = sidecar_pids(app.app_id)
     assert now != first.pid
+    print(f"\nsigkill mid-stream: {REQUESTS} requests, {len(replies)} replies, new sidecar and requests resent "
+          f"{recovery_s[0]:.1f} s after the failure was seen")
 
 
 def test_hung_sidecar_times_out_with_a_message_naming_it_and_is_replaced(app, endpoint, reference):
@@ -94,6 +96,7 @@ def test_hung_sidecar_times_out_with_a_message_naming_it_and_is_replaced(app, en
     assert f"pid {first.pid}" in message and first.socket in message, message
     assert f"did not answer within {HANG_TIMEOUT_S:.0f} s" in message and "SIGKILL" in message, message
     assert HANG_TIMEOUT_S <= waited < HANG_TIMEOUT_S + 15
+    print(f"\nhung sidecar: failed after {waited:.1f} s (timeout {HANG_TIMEOUT_S} s): {message}")
     assert wait_until(lambda: gone(first.pid)) is not None, "the hung sidecar was not stopped"
     with open(os.path.splitext(first.socket)[0] + ".log") as f:
         assert "retired by task process" in f.read()
