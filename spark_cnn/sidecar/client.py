@@ -19,10 +19,9 @@ from spark_cnn.sidecar.protocol import Kind
 
 # A reply slower than this means the sidecar hangs; the task fails and Spark retries it. A request waits behind
 # at most the queue bound (8 device batches) and the other tasks' requests: seconds on a GPU, about a minute
-# for a large model on a slow CPU; five minutes leaves room and still ends a stuck task.
+# for a large model on a slow CPU; the handshake loads the model (seconds; torch.compile happens later, at the
+# first batch). Five minutes leaves room and still ends a stuck task.
 REPLY_TIMEOUT_S = 300.0
-# The handshake also loads the model (and compiles it with --compile): that may take minutes.
-HANDSHAKE_TIMEOUT_S = 600.0
 # Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
 DEFAULT_MAX_IN_FLIGHT = 4
 
@@ -34,12 +33,12 @@ class SidecarClient:
 
     def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
                  batch_size: int | None = None, options: dict | None = None, decode: str = "task",
-                 timeout_s: float = REPLY_TIMEOUT_S):
+                 timeout_s: float = REPLY_TIMEOUT_S, pid: int | None = None):
         self.socket_path = socket_path
-        self.pid: int | None = None  # the sidecar's, once it said READY
+        self.pid = pid  # the sidecar's: from its info file if given, else from its READY; errors name it
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.settimeout(max(timeout_s, HANDSHAKE_TIMEOUT_S))
+        self._sock.settimeout(timeout_s)
         try:
             self._sock.connect(socket_path)
             protocol.send_json(self._sock, Kind.HELLO, next(self._ids),
@@ -56,8 +55,7 @@ class SidecarClient:
             self._sock.close()
             raise SidecarError(f"sidecar at {socket_path} refused the connection: {_message(reply)}")
         self.ready = reply.json()
-        self.pid = self.ready.get("pid")
-        self._sock.settimeout(timeout_s)
+        self.pid = self.ready.get("pid", pid)
 
     def submit(self, images: np.ndarray | list[bytes]) -> int:
         """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""
@@ -106,7 +104,9 @@ class SidecarClient:
                               f".log beside the socket)") from e
 
     def _hung(self) -> SidecarHung:
-        return SidecarHung(f"the {self.describe()} did not answer within {self._sock.gettimeout():.0f} s")
+        error = SidecarHung(f"the {self.describe()} did not answer within {self._sock.gettimeout():.0f} s")
+        error.pid, error.socket_path = self.pid, self.socket_path  # for whoever stops it (failover.py)
+        return error
 
     def describe(self) -> str:
         """'sidecar pid N at SOCKET': how errors name the sidecar."""

@@ -22,7 +22,7 @@ import pyarrow as pa
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
 from spark_cnn.sidecar.client import SidecarClient
 from spark_cnn.sidecar.launcher import retire_sidecar
-from spark_cnn.sidecar.procs import ProcessId, process_id
+from spark_cnn.sidecar.procs import process_id
 
 log = logging.getLogger("spark_cnn.failover")
 
@@ -47,7 +47,7 @@ class FailoverClient:
         self._ids = itertools.count(1)
         self._in_flight: dict[int, np.ndarray | list[bytes]] = {}  # our id -> images, in submission order
         self._ours: dict[int, int] = {}  # the current connection's request id -> our id
-        self._client, self._sidecar = self._first_connection()
+        self._client = self._first_connection()
 
     @property
     def ready(self) -> dict:
@@ -65,7 +65,7 @@ class FailoverClient:
         except SidecarLost as e:
             self._recover(e)  # sends everything in flight again, this request included
         except SidecarHung as e:
-            raise self._retire(e) from e
+            raise _retired(e) from e
         return request_id
 
     def receive(self) -> tuple[int, pa.RecordBatch | SidecarError]:
@@ -76,7 +76,7 @@ class FailoverClient:
                 self._recover(e)
                 continue
             except SidecarHung as e:
-                raise self._retire(e) from e
+                raise _retired(e) from e
             request_id = self._ours.pop(wire_id)
             del self._in_flight[request_id]
             return request_id, reply
@@ -88,16 +88,17 @@ class FailoverClient:
             except SidecarLost as e:
                 self._recover(e)
             except SidecarHung as e:
-                raise self._retire(e) from e
+                raise _retired(e) from e
 
-    def _first_connection(self) -> tuple[SidecarClient, ProcessId | None]:
+    def _first_connection(self) -> SidecarClient:
         error = None
         for _ in range(self.max_reconnects + 1):
             try:
-                client = self._connect()
-                return client, _identity(client)
+                return self._connect()
             except SidecarLost as e:  # it died between being found and being reached: find or start again
                 error = e
+            except SidecarHung as e:  # it hangs in the handshake
+                raise _retired(e) from e
         raise SidecarError(f"gave up after {self.max_reconnects + 1} attempts to reach a sidecar: {error}") from error
 
     def _recover(self, error: SidecarLost) -> None:
@@ -111,21 +112,15 @@ class FailoverClient:
             self._client.close()
             try:
                 self._client = self._connect()
-                self._sidecar = _identity(self._client)
                 self._ours = {self._client.submit(images): request_id
                               for request_id, images in self._in_flight.items()}
             except SidecarLost as e:
                 error = e
                 continue
+            except SidecarHung as e:
+                raise _retired(e) from e
             self.recovery_s.append(time.monotonic() - started)
             return
-
-    def _retire(self, error: SidecarHung) -> SidecarHung:
-        """Stop the hung sidecar, so that no task (this one's retry included) talks to it again."""
-        stopped = self._sidecar is not None and retire_sidecar(self._sidecar, self._client.socket_path, str(error))
-        self._client.close()
-        what = "stopped it (SIGKILL)" if stopped else "it is gone already"
-        return SidecarHung(f"{error}; {what} so that the task's retry starts a new sidecar")
 
     def close(self) -> None:
         self._client.close()
@@ -137,6 +132,9 @@ class FailoverClient:
         self.close()
 
 
-def _identity(client: SidecarClient) -> ProcessId | None:
-    """(pid, start time) of the sidecar behind `client`, read now, so a reused pid is never mistaken for it."""
-    return process_id(client.pid) if client.pid else None
+def _retired(error: SidecarHung) -> SidecarHung:
+    """Stop the hung sidecar, so that no task (this one's retry included) talks to it again; the error to raise."""
+    pid, socket_path = getattr(error, "pid", None), getattr(error, "socket_path", None)
+    stopped = bool(pid and socket_path) and retire_sidecar(process_id(pid), socket_path, str(error))
+    what = "stopped it (SIGKILL)" if stopped else "it is gone already"
+    return SidecarHung(f"{error}; {what} so that the task's retry starts a new sidecar")

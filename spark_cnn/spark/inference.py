@@ -97,7 +97,7 @@ class PartitionInference:
         def connect() -> SidecarClient:  # again after a sidecar died: ensure_sidecar then starts a new one
             info = ensure_sidecar(launch)
             return SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
-                                 decode=plan.decode, timeout_s=plan.request_timeout_s)
+                                 decode=plan.decode, timeout_s=plan.request_timeout_s, pid=info.pid)
 
         with FailoverClient(connect) as client:
             for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):

@@ -45,9 +45,9 @@ KILL_AFTER = 10  # requests sent before the kill: several are in flight when it 
 
 
 def _connector(app, endpoint, job: str, **client_options):
-    def connect() -> SidecarClient:
+    def connect() -> SidecarClient:  # as spark/inference.py connects
         info = ensure_sidecar(app.options(), app.executor)
-        return SidecarClient(info.socket, info.token, endpoint, job, **client_options)
+        return SidecarClient(info.socket, info.token, endpoint, job, pid=info.pid, **client_options)
     return connect
 
 
@@ -101,10 +101,18 @@ def test_hung_sidecar_times_out_with_a_message_naming_it_and_is_replaced(app, en
     with open(os.path.splitext(first.socket)[0] + ".log") as f:
         assert "retired by task process" in f.read()
 
-    # The retry: a new sidecar, never the hung one.
+    # A sidecar that hangs before the handshake ends is named (its pid from the info file) and stopped too.
+    second = ensure_sidecar(app.options(), app.executor)
+    assert second.pid != first.pid
+    os.kill(second.pid, signal.SIGSTOP)
+    with pytest.raises(SidecarHung, match=f"pid {second.pid} at .* did not answer.*SIGKILL"):
+        FailoverClient(connect)
+    assert wait_until(lambda: gone(second.pid)) is not None, "the sidecar hung in the handshake was not stopped"
+
+    # The retry: a new sidecar, never a hung one.
     with FailoverClient(connect) as client:
         [(_, reply)] = list(map_ordered(client, [("retry", pixels)]))
-        assert client.ready["pid"] != first.pid
+        assert client.ready["pid"] not in (first.pid, second.pid)
     check_against_reference(reference, pixels, reply)
 
 
