@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT
+from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT, REPLY_TIMEOUT_S
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
 
@@ -49,6 +49,7 @@ class ClassifyConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
+    request_timeout_s: float = REPLY_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -73,7 +74,8 @@ class ClassifyConfig:
             layer=self.layer, batch_size=self.batch_size, device=self.device, precision=self.precision,
             channels_last=self.channels_last, compile=self.compile, decode=self.decode, threads=self.threads,
             on_error=self.on_error, request_rows=self.request_rows, max_in_flight=self.max_in_flight,
-            idle_timeout_s=self.idle_timeout_s, max_pixels=self.max_pixels, max_file_bytes=self.max_file_bytes)
+            idle_timeout_s=self.idle_timeout_s, max_pixels=self.max_pixels, max_file_bytes=self.max_file_bytes,
+            request_timeout_s=self.request_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class InferenceOptions:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs and is replaced
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
@@ -132,6 +135,8 @@ class InferenceOptions:
         _ = self.decode_options  # validates the guard rails
         if self.idle_timeout_s <= 0:
             raise ConfigError(f"sidecar idle timeout must be positive, got {self.idle_timeout_s}")
+        if not self.request_timeout_s > 0:
+            raise ConfigError(f"--request-timeout {self.request_timeout_s}: expected a positive number of seconds")
 
     @property
     def decode_options(self) -> DecodeOptions:

@@ -29,3 +29,11 @@ class ImageError(SparkCnnError):
 
 class SidecarError(SparkCnnError):
     """The sidecar could not be started, reached, or answered with an error."""
+
+
+class SidecarLost(SidecarError):
+    """The connection to the sidecar broke (the process died or closed it): its requests in flight got no reply."""
+
+
+class SidecarHung(SidecarError):
+    """The sidecar stopped answering within the request timeout."""

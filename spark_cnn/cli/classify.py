@@ -10,6 +10,7 @@ from spark_cnn.cli import options
 from spark_cnn.cli.common import floats
 from spark_cnn.cli.options import Option, flags_only, given
 from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
+from spark_cnn.sidecar.client import REPLY_TIMEOUT_S
 
 
 def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False) -> None:
@@ -41,6 +42,9 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--decode", default="task", choices=["task", "sidecar", "gpu"],
                      help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG)")
     run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: half the cores)")
+    run.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REPLY_TIMEOUT_S,
+                     metavar="SECONDS", help="a sidecar that does not answer a request for this long is stopped "
+                                             f"and the task retried (default: {REPLY_TIMEOUT_S:g})")
     run.add_argument("--on-error", default="record", choices=["record", "fail"],
                      help="an unreadable image: record it in the error column, or fail the job")
     run.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,

@@ -12,13 +12,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from spark_cnn.errors import SidecarError
+from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar import protocol
 from spark_cnn.sidecar.protocol import Kind
 
-# A reply slower than this means the sidecar hangs; the task fails and Spark retries it.
-REPLY_TIMEOUT_S = 600.0
+# A reply slower than this means the sidecar hangs; the task fails and Spark retries it. A request waits behind
+# at most the queue bound (8 device batches) and the other tasks' requests: seconds on a GPU, about a minute
+# for a large model on a slow CPU; the handshake loads the model (seconds; torch.compile happens later, at the
+# first batch). Five minutes leaves room and still ends a stuck task.
+REPLY_TIMEOUT_S = 300.0
 # Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
 DEFAULT_MAX_IN_FLIGHT = 4
 
@@ -31,8 +34,9 @@ class SidecarClient:
 
     def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
                  batch_size: int | None = None, options: dict | None = None, decode: str = "task",
-                 timeout_s: float = REPLY_TIMEOUT_S, decode_options: dict | None = None):
+                 timeout_s: float = REPLY_TIMEOUT_S, decode_options: dict | None = None, pid: int | None = None):
         self.socket_path = socket_path
+        self.pid = pid  # the sidecar's: from its info file if given, else from its READY; errors name it
         self._ids = itertools.count(1)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
@@ -43,13 +47,17 @@ class SidecarClient:
                                 "decode_options": decode_options or {},
                                 "options": {**(options or {}), **({"batch_size": batch_size} if batch_size else {})}})
             reply = self._recv()
-        except OSError as e:
+        except (OSError, SidecarError) as e:
             self._sock.close()
-            raise SidecarError(f"cannot reach the sidecar at {socket_path}: {e}") from e
+            if isinstance(e, SidecarError):
+                raise
+            # No listener behind the socket file (or no file): the sidecar is gone; a new one can be started.
+            raise SidecarLost(f"cannot reach the sidecar at {socket_path}: {e}") from e
         if reply.kind != Kind.READY:
             self._sock.close()
             raise SidecarError(f"sidecar at {socket_path} refused the connection: {_message(reply)}")
         self.ready = reply.json()
+        self.pid = self.ready.get("pid", pid)
 
     def submit(self, images: np.ndarray | list[bytes]) -> int:
         """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""
@@ -82,19 +90,29 @@ class SidecarClient:
     def _send(self, kind: Kind, request_id: int, payload) -> None:
         try:
             protocol.send_frame(self._sock, kind, request_id, payload)
+        except TimeoutError as e:  # the sidecar stopped reading: its socket buffer is full
+            raise self._hung() from e
         except OSError as e:  # BrokenPipeError and friends: the sidecar is gone
-            raise SidecarError(f"cannot send to the sidecar at {self.socket_path} ({e}); did it exit? see its "
-                               f".log beside the socket") from e
+            raise SidecarLost(f"cannot send to the {self.describe()} ({e}); did it exit? see its "
+                              f".log beside the socket") from e
 
     def _recv(self) -> protocol.Frame:
         try:
             return protocol.recv_frame(self._sock)
         except TimeoutError as e:
-            raise SidecarError(f"the sidecar at {self.socket_path} did not answer within "
-                               f"{self._sock.gettimeout():.0f} s") from e
-        except protocol.ConnectionClosed as e:
-            raise SidecarError(f"the sidecar at {self.socket_path} closed the connection (did it exit? see its "
-                               f".log beside the socket)") from e
+            raise self._hung() from e
+        except (protocol.ConnectionClosed, OSError) as e:  # EOF, or ECONNRESET when it died mid-message
+            raise SidecarLost(f"the {self.describe()} closed the connection (did it exit? see its "
+                              f".log beside the socket)") from e
+
+    def _hung(self) -> SidecarHung:
+        error = SidecarHung(f"the {self.describe()} did not answer within {self._sock.gettimeout():.0f} s")
+        error.pid, error.socket_path = self.pid, self.socket_path  # for whoever stops it (failover.py)
+        return error
+
+    def describe(self) -> str:
+        """'sidecar pid N at SOCKET': how errors name the sidecar."""
+        return f"sidecar{f' pid {self.pid}' if self.pid else ''} at {self.socket_path}"
 
     def close(self) -> None:
         self._sock.close()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from spark_cnn.errors import SidecarError
 from spark_cnn.perf.allocator import sidecar_environment
+from spark_cnn.sidecar import procs
 from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
 
 RUNTIME_DIR_ENV = "SPARK_CNN_RUNTIME_DIR"
@@ -83,7 +84,40 @@ def sidecar_name(app_id: str, executor: ExecutorProcess, device: str) -> str:
 
 
 def _live(info: SidecarInfo | None) -> bool:
-    return info is not None and is_alive(ProcessId(info.pid, 0)) and os.path.exists(info.socket)
+    """A sidecar that published `info` still runs. A dead one's files may remain (SIGKILL, a crash): its pid
+    may since belong to another process, so the pid must still run a sidecar serving that very socket."""
+    return (info is not None and is_alive(ProcessId(info.pid, 0)) and os.path.exists(info.socket)
+            and _serves(info.pid, info.socket))
+
+
+def _serves(pid: int, socket_path: str) -> bool:
+    if not os.path.exists("/proc"):  # not Linux: no command lines to check; the pid check is all there is
+        return True
+    args = procs.cmdline(pid)
+    return "spark_cnn.sidecar" in args and "--socket" in args[:-1] and args[args.index("--socket") + 1] == socket_path
+
+
+def retire_sidecar(process: ProcessId, socket_path: str, reason: str, timeout_s: float = 10.0) -> bool:
+    """SIGKILL a sidecar that stopped answering (SIGKILL ends a stopped process too) and wait until it is gone,
+    so the next `ensure_sidecar` starts a new one. A line naming the reason goes to its log. Returns whether
+    this call stopped it (False when that process is gone already, or its pid now runs something else)."""
+    if not is_alive(process) or not _serves(process.pid, socket_path):
+        return False
+    base, _ = os.path.splitext(socket_path)
+    try:
+        with open(base + ".log", "a") as log_file:
+            log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} retired by task process {os.getpid()}: "
+                           f"{reason}\n")
+    except OSError:
+        pass  # the log is for the post-mortem; stopping the sidecar matters more
+    try:
+        os.kill(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout_s
+    while is_alive(process) and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL_S)
+    return True
 
 
 def ensure_sidecar(options: LaunchOptions, executor: ExecutorProcess | None = None) -> SidecarInfo:

@@ -104,6 +104,9 @@ def _from_ipc(payload) -> pa.RecordBatch:
     batches = list(reader)
     if len(batches) != 1:
         raise SidecarError(f"expected one record batch per message, got {len(batches)}")
+    # The IPC reader checks the framing, not the data: offsets and lengths that point outside their buffers
+    # would make a later read go out of bounds. A peer's payload is checked in full before any use.
+    batches[0].validate(full=True)
     return batches[0]
 
 

@@ -21,6 +21,7 @@ from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
+from spark_cnn.sidecar.faults import INJECT_OOM_ENV, injected_oom_above_rows
 from spark_cnn.sidecar.options import RunOptions
 
 log = logging.getLogger("spark_cnn.sidecar")
@@ -124,6 +125,10 @@ class ModelRunner:
         self.probe = PrecisionProbe() if options.precision == "auto" and self.cuda else None
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self._lock = threading.Lock()  # the embedding hook keeps per-call state: one forward at a time
+        self._oom_above = injected_oom_above_rows()  # a test's fault injection; None in real use
+        if self._oom_above is not None:
+            log.warning("fault injection on (%s): batches of more than %d rows fail with out-of-memory",
+                        INJECT_OOM_ENV, self._oom_above)
 
     @property
     def precision(self) -> str:
@@ -147,6 +152,8 @@ class ModelRunner:
 
     def forward(self, staged: Staged) -> Pending:
         """Normalise, run the model and its heads; start copying the outputs back without waiting."""
+        if self._oom_above is not None and len(staged.pixels) > self._oom_above:
+            raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
         with self._lock, torch.inference_mode():
             pixels = staged.pixels
             if staged.ready is not None:

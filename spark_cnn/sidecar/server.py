@@ -15,6 +15,7 @@ import queue
 import secrets
 import signal
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ AUTO_BATCH_ROWS = {"cpu": 8, "cuda": 64}
 MAX_AUTO_BATCH_ROWS = {"cpu": 64, "cuda": 512}
 # How often the main thread checks the executor process and the idle timer.
 WATCH_INTERVAL_S = 0.5
+# Requests one connection may have unanswered; its reader stops reading beyond that, so a client that sends
+# without reading replies (or faster than the device) is held back by its socket instead of filling the
+# sidecar's memory. Tasks keep 4 in flight (client.DEFAULT_MAX_IN_FLIGHT); the bound never slows them.
+MAX_REQUESTS_PER_CONNECTION = 32
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class Connection:
         self.sock = sock
         self.server = server
         self._outbox: queue.Queue = queue.Queue()
+        self._unanswered = threading.BoundedSemaphore(MAX_REQUESTS_PER_CONNECTION)
+        self._writer_failed = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
         self.decode_options = DecodeOptions()  # the client's guard rails, from its HELLO
 
@@ -81,7 +88,11 @@ class Connection:
             try:
                 protocol.send_frame(self.sock, *item)
             except OSError:
-                return  # the reader sees the broken socket too and ends the connection
+                self._writer_failed.set()  # the reader sees the broken socket too and ends the connection
+                return
+            kind, request_id, _ = item
+            if kind in (Kind.RESULT, Kind.ERROR) and request_id != protocol.CONNECTION_REQUEST_ID:
+                self._unanswered.release()  # an INFER answered
 
     def serve(self) -> None:
         self._writer.start()
@@ -90,7 +101,10 @@ class Connection:
             while True:
                 frame = protocol.recv_frame(self.sock)
                 self.server.touch()
+                if frame.request_id == protocol.CONNECTION_REQUEST_ID:
+                    raise SidecarError(f"request id {protocol.CONNECTION_REQUEST_ID} is reserved for the connection")
                 if frame.kind == Kind.INFER:
+                    self._wait_for_reply_slot()
                     self._infer(service, job, decode, frame)
                 elif frame.kind == Kind.STATS:
                     self.send_json(Kind.STATS_REPLY, frame.request_id, self.server.describe(frame.json()["job"]))
@@ -107,13 +121,19 @@ class Connection:
             self.sock.close()
             self.server.connection_closed()
 
+    def _wait_for_reply_slot(self) -> None:
+        """Backpressure: at most MAX_REQUESTS_PER_CONNECTION requests of this connection are unanswered."""
+        while not self._unanswered.acquire(timeout=WATCH_INTERVAL_S):
+            if self._writer_failed.is_set():
+                raise protocol.ConnectionClosed("the client stopped taking replies")
+
     def _handshake(self) -> tuple[ModelService, str, str]:
         frame = protocol.recv_frame(self.sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
         if frame.kind != Kind.HELLO:
             raise SidecarError(f"expected HELLO first, got {frame.kind.name}")
         hello = frame.json()
-        if not secrets.compare_digest(str(hello.get("token", "")), self.server.token):
-            log.warning("refused a client with a wrong token")
+        if not secrets.compare_digest(str(hello.get("token", "")).encode(), self.server.token.encode()):
+            log.warning("refused a client with a wrong token (%s); neither token is logged", _peer(self.sock))
             raise SidecarError("refused: wrong sidecar token")
         job = str(hello.get("job", ""))
         decode = hello.get("decode") or "task"
@@ -151,6 +171,15 @@ class Connection:
             return
         self.server.stats.request(job, len(row_errors) if row_errors is not None else len(pixels))
         service.submit(InferRequest(self, frame.request_id, job, pixels, row_errors))
+
+
+def _peer(sock: socket.socket) -> str:
+    """'pid P, uid U' of the process at the other end of a Unix socket (Linux), for the log."""
+    try:
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return f"pid {pid}, uid {uid}"
+    except (AttributeError, OSError):  # no SO_PEERCRED on this platform
+        return "peer unknown"
 
 
 class SidecarServer:

@@ -16,7 +16,16 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
-from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError, SidecarError, SparkCnnError
+from spark_cnn.errors import (
+    ConfigError,
+    ImageError,
+    InputError,
+    ModelError,
+    SidecarError,
+    SidecarHung,
+    SidecarLost,
+    SparkCnnError,
+)
 from spark_cnn.sidecar.launcher import stop_sidecars
 from spark_cnn.spark.inference import EMBED_COLUMNS, PartitionInference, spark_ddl
 from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
@@ -27,7 +36,8 @@ from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 _TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
-_ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError)}
+_ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError,
+                                              SidecarHung, SidecarLost)}
 
 
 def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:

@@ -23,7 +23,8 @@ from spark_cnn.imaging.image_struct import preprocess_image_struct
 from spark_cnn.imaging.options import DecodeOptions
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
+from spark_cnn.sidecar.client import REPLY_TIMEOUT_S, SidecarClient, map_ordered
+from spark_cnn.sidecar.failover import FailoverClient
 from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.sidecar.protocol import ERROR_COLUMN
 from spark_cnn.spark.stats import sidecar_key
@@ -71,6 +72,7 @@ class InferencePlan:
     decode_options: dict = field(default_factory=dict)  # imaging.DecodeOptions fields: the guard rails
     request_rows: int = 16
     max_in_flight: int = 4
+    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs (see failover.py)
 
 
 @dataclass
@@ -154,9 +156,14 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
     decode = first[1]  # task | sidecar | gpu for this column: decided by its type and the plan, same every batch
     items = itertools.chain([first], items)
     endpoint = plan.endpoint.localised(_shipped_file)
-    info = ensure_sidecar(_with_task_device(plan.launch))
-    with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
-                       decode=decode, decode_options=plan.decode_options) as client:
+    launch = _with_task_device(plan.launch)
+
+    def connect() -> SidecarClient:  # again after a sidecar died: ensure_sidecar then starts a new one
+        info = ensure_sidecar(launch)
+        return SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options, decode=decode,
+                             decode_options=plan.decode_options, timeout_s=plan.request_timeout_s, pid=info.pid)
+
+    with FailoverClient(connect) as client:
         work = (item for item, _ in items)
         for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
             if rows is None:

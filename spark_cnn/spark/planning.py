@@ -72,4 +72,5 @@ def plan_inference(spark: SparkSession, options: InferenceOptions, model: Checke
                              idle_timeout_s=options.idle_timeout_s, threads=options.threads),
         job_id=uuid.uuid4().hex[:12], options=options.run_options.to_dict(), decode=options.decode,
         on_error=options.on_error, label_names=model.labels, request_rows=options.request_rows,
-        max_in_flight=options.max_in_flight, decode_options=options.decode_options.to_dict())
+        max_in_flight=options.max_in_flight, decode_options=options.decode_options.to_dict(),
+        request_timeout_s=options.request_timeout_s)

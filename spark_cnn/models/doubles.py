@@ -1,0 +1,44 @@
+"""Test doubles that ship with the package: a slow echo model, to load-test a sidecar and check every reply.
+
+`slow_echo` returns, as its three "logits", the first pixel's R, G, B values (0-255, exact in float32) of each
+image, after sleeping a fixed time per batch like a heavy model on a slow device. A client that writes a request
+id into that pixel can check that every reply row belongs to its request.
+
+>>> from spark_cnn.models.spec import ModelSpec
+>>> ModelSpec(SLOW_ECHO_FACTORY).source
+'spark_cnn.models.doubles:slow_echo'
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from spark_cnn.imaging.preprocess import Preprocessing
+
+SLOW_ECHO_FACTORY = "spark_cnn.models.doubles:slow_echo"
+# 64 x 64 pixels: 12 KB per image on the wire, large enough that buffering requests without bound would show in
+# memory within a load test. Mean 0, std 1: the model sees pixel / 255 and scales it back.
+ECHO_PREPROCESSING = Preprocessing(resize=64, crop=64, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+# Per batch: a batch of 64 rows then runs at ~12,800 images/s at most, slower than 16 clients can send.
+ECHO_BATCH_DELAY_S = 0.005
+
+
+class SlowEcho(nn.Module):
+    """(N, 3, H, W) in [0, 1] -> (N, 3): the first pixel's values times 255, after `delay_s` seconds."""
+
+    spark_cnn_preprocessing = ECHO_PREPROCESSING.to_dict()
+
+    def __init__(self, delay_s: float = ECHO_BATCH_DELAY_S):
+        super().__init__()
+        self.delay_s = delay_s
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return images[:, :, 0, 0] * 255.0
+
+
+def slow_echo() -> SlowEcho:
+    return SlowEcho()

@@ -1,0 +1,162 @@
+"""Who can use a sidecar: only this user (0700 directory, 0600 socket and info file), only with the sidecar's
+random token, never over the network; refusals are logged without any token; weights never run code."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+import torch
+
+from spark_cnn.errors import ModelError, SidecarError
+from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.loader import build_module
+from spark_cnn.sidecar import protocol
+from spark_cnn.sidecar.client import SidecarClient
+from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV, runtime_dir
+from spark_cnn.sidecar.protocol import Kind
+from tests.unit import test_sidecar_process as process_tests
+
+runtime, weights, endpoint, shared = (process_tests.runtime, process_tests.weights, process_tests.endpoint,
+                                      process_tests.shared)
+
+INET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6")
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets among the process's open files (/proc/PID/fd -> 'socket:[INODE]')."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def table_inodes(pid: int, table: str) -> set[str]:
+    """Socket inodes listed in /proc/PID/net/TABLE (the inode is column 10 of tcp/udp/raw, column 7 of unix)."""
+    column = 6 if table == "unix" else 9
+    try:
+        with open(f"/proc/{pid}/net/{table}") as f:
+            return {line.split()[column] for line in f.readlines()[1:] if len(line.split()) > column}
+    except FileNotFoundError:  # e.g. no IPv6 in this kernel
+        return set()
+
+
+def sidecar_log(info) -> str:
+    with open(os.path.splitext(info.socket)[0] + ".log") as f:
+        return f.read()
+
+
+def test_the_sidecar_has_only_unix_sockets(shared, endpoint):
+    _, info = shared
+    with SidecarClient(info.socket, info.token, endpoint, job="sockets"):  # a served connection is open too
+        sockets = socket_inodes(info.pid)
+        unix = table_inodes(info.pid, "unix")
+        inet = set().union(*(table_inodes(info.pid, table) for table in INET_TABLES))
+
+    assert sockets, "the sidecar should have its listening socket open"
+    assert not sockets & inet, f"the sidecar has network sockets: {sorted(sockets & inet)}"
+    assert sockets <= unix, f"sockets that are not Unix sockets: {sorted(sockets - unix)}"
+
+
+def test_files_are_private_to_the_user(shared):
+    app, info = shared
+    assert stat.S_IMODE(os.stat(os.path.dirname(info.socket)).st_mode) == 0o700
+    assert os.stat(os.path.dirname(info.socket)).st_uid == os.getuid()
+    assert stat.S_IMODE(os.stat(info.socket).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(app.base() + ".json").st_mode) == 0o600
+
+
+@pytest.mark.parametrize("presented", [None, "", "f" * 32, "0123456789abcdef-intruder-token", "tökén"],
+                         ids=["missing", "empty", "wrong", "wrong-length", "non-ascii"])
+def test_a_client_without_the_token_is_refused_and_logged_without_tokens(shared, endpoint, presented):
+    _, info = shared
+    hello = {"endpoint": endpoint.to_json(), "job": "intruder"}
+    if presented is not None:
+        hello["token"] = presented
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(info.socket)
+        protocol.send_json(sock, Kind.HELLO, 1, hello)
+        reply = protocol.recv_frame(sock)
+        with pytest.raises(protocol.ConnectionClosed):
+            protocol.recv_frame(sock)
+
+    assert (reply.kind, reply.json()["message"]) == (Kind.ERROR, "refused: wrong sidecar token")
+    log_text = sidecar_log(info)
+    assert f"refused a client with a wrong token (pid {os.getpid()}" in log_text
+    assert info.token not in log_text
+    if presented:
+        assert presented not in log_text
+
+
+def test_the_client_library_reports_a_refusal(shared, endpoint):
+    _, info = shared
+    with pytest.raises(SidecarError, match="refused"):
+        SidecarClient(info.socket, "x" * len(info.token), endpoint, job="intruder")
+
+
+def test_runtime_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    if os.getuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    os.chown(other, 12345, 12345)
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(other))
+    with pytest.raises(SidecarError, match="belongs to uid 12345"):
+        runtime_dir()
+
+
+def test_an_open_runtime_directory_is_closed_to_others(tmp_path, monkeypatch):
+    folder = tmp_path / "open"
+    folder.mkdir()
+    os.chmod(folder, 0o777)
+    monkeypatch.setenv(RUNTIME_DIR_ENV, str(folder))
+    assert runtime_dir() == str(folder)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+
+
+class _Payload:
+    """Unpickling this runs a command: what a malicious weights file would do."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_weights_that_would_run_code_are_refused(tmp_path):
+    marker = tmp_path / "pwned"
+    weights_file = tmp_path / "evil.pt"
+    torch.save({"conv.weight": torch.zeros(1), "payload": _Payload(str(marker))}, weights_file)
+
+    with pytest.raises(ModelError, match="not a loadable state_dict"):
+        build_module(DIGITS_FACTORY, str(weights_file))
+    assert not marker.exists(), "unpickling the weights ran code"
+
+
+def test_no_package_code_unpickles_without_an_allow_list_or_loads_torch_files_unsafely():
+    """Pickle runs code: dataset metadata and weights must never be unpickled freely. Any module that unpickles
+    must restrict the classes (a find_class allow-list); torch.load must pass weights_only=True."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    offenders = []
+    for root, _, names in os.walk(os.path.join(package, "spark_cnn")):
+        for name in (n for n in names if n.endswith(".py")):
+            path = os.path.join(root, name)
+            with open(path) as f:
+                text = f.read()
+            unpickles = any(call in text for call in ("pickle.load", "pickle.Unpickler", "cloudpickle.load",
+                                                       "dill.load"))
+            if unpickles and "def find_class" not in text:
+                offenders.append(f"{path}: unpickles without a find_class allow-list")
+            for call in text.split("torch.load(")[1:]:
+                if "weights_only=True" not in call.split(")")[0]:
+                    offenders.append(f"{path}: torch.load without weights_only=True")
+    assert not offenders, offenders
