@@ -16,6 +16,39 @@ ON_ERROR_CHOICES = ("record", "fail")
 # Rows per request a task sends: large enough to amortise a message (~0.1 ms), small enough that the
 # batcher can fill device batches from several tasks at once.
 DEFAULT_REQUEST_ROWS = 16
+INPUT_FORMATS = ("auto", "images", "image", "parquet", "petastorm")
+# Output columns a job may partition its Parquet by: small, repeated values (never paths, scores or vectors).
+PARTITION_COLUMNS = ("label", "label_name", "true_label")
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """Where the images come from and how to find them in the input (`spark/sources.py` reads them).
+
+    format: auto | images (files, binaryFile) | image (Spark's image source) | parquet | petastorm.
+    glob: file-name pattern for images/image (Hadoop glob: *, ?, [ab], {jpg,png}).
+    image_column / path_column / label_column: for parquet and petastorm inputs; the path column is the row's id
+    in the output, the label column (the true class) fills `true_label`.
+    """
+
+    format: str = "auto"
+    glob: str | None = None
+    image_column: str | None = None
+    path_column: str | None = None
+    label_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in INPUT_FORMATS:
+            raise ConfigError(f"--input-format {self.format}: expected one of {', '.join(INPUT_FORMATS)}")
+        if self.glob is not None and (not self.glob or "/" in self.glob):
+            raise ConfigError(f"--glob {self.glob!r}: expected a file-name pattern such as '*.jpg' (no '/')")
+        table_only = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
+                      if getattr(self, name) is not None]
+        if table_only and self.format in ("images", "image"):
+            raise ConfigError(f"{', '.join(table_only)} apply to parquet and petastorm inputs, not "
+                              f"--input-format {self.format}")
+        if self.glob is not None and self.format in ("parquet", "petastorm"):
+            raise ConfigError(f"--glob applies to image files, not --input-format {self.format}")
 
 
 @dataclass(frozen=True)
@@ -44,6 +77,8 @@ class ClassifyConfig:
     request_rows: int = DEFAULT_REQUEST_ROWS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    inputs: InputOptions = InputOptions()
+    partition_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -69,6 +104,8 @@ class ClassifyConfig:
         _ = self.run_options  # validates precision and batch size
         if self.idle_timeout_s <= 0:
             raise ConfigError(f"sidecar idle timeout must be positive, got {self.idle_timeout_s}")
+        if self.partition_by is not None and self.partition_by not in PARTITION_COLUMNS:
+            raise ConfigError(f"--partition-by {self.partition_by}: expected one of {', '.join(PARTITION_COLUMNS)}")
 
 
     @property

@@ -7,7 +7,27 @@ import argparse
 from spark_cnn.cli.common import floats
 
 
+def add_input_options(parser: argparse.ArgumentParser) -> None:
+    inputs = parser.add_argument_group("input")
+    inputs.add_argument("--input-format", default="auto", choices=["auto", "images", "image", "parquet", "petastorm"],
+                        help="auto: petastorm if INPUT has a Unischema, parquet if it holds only .parquet files, else "
+                             "images; image = Spark's image data source")
+    inputs.add_argument("--glob", help="only image files whose name matches, e.g. '*.jpg' or '*.{jpg,png}'")
+    inputs.add_argument("--image-column", help="parquet/petastorm: the image column (default: the only one)")
+    inputs.add_argument("--path-column", help="parquet/petastorm: the row id written as `path` (default: a column "
+                                              "named path, id, ...; else file#row)")
+    inputs.add_argument("--label-column", help="parquet/petastorm: the true class (name or index), for accuracy")
+
+
+def input_options(args: argparse.Namespace):
+    from spark_cnn.config import InputOptions
+
+    return InputOptions(format=args.input_format, glob=args.glob, image_column=args.image_column,
+                        path_column=args.path_column, label_column=args.label_column)
+
+
 def add_classify_options(parser: argparse.ArgumentParser) -> None:
+    add_input_options(parser)
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="resnet50",
                        help="torchvision model name, TorchScript file, or module:factory (default: resnet50)")
@@ -36,13 +56,16 @@ def add_classify_options(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--logits", action="store_true", help="add the logits column")
     out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
     out.add_argument("--summary", help="also write the JSON summary here")
+    out.add_argument("--partition-by", choices=["label", "label_name", "true_label"],
+                     help="partition the Parquet output by this column")
     out.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     out.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
 def register(commands) -> None:
     parser = commands.add_parser("classify", help="classify every image under INPUT into Parquet at OUTPUT")
-    parser.add_argument("input", metavar="INPUT", help="folder of images (searched recursively), path or URI")
+    parser.add_argument("input", metavar="INPUT", help="folder of images (searched recursively), Parquet table or "
+                                                       "Petastorm dataset; path or URI")
     parser.add_argument("output", metavar="OUTPUT", help="Parquet output directory, path or URI")
     add_classify_options(parser)
     parser.set_defaults(run=run)
@@ -60,7 +83,8 @@ def classify_config(args: argparse.Namespace):
         labels=args.labels, top_k=args.top_k, master=args.master, batch_size=parse_batch_size(args.batch_size),
         device=args.device, precision=args.precision, channels_last=args.channels_last, compile=args.compile,
         decode=args.decode, threads=args.threads, on_error=args.on_error, summary=args.summary, logits=args.logits,
-        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet)
+        embeddings=args.embeddings, overwrite=args.overwrite, quiet=args.quiet, inputs=input_options(args),
+        partition_by=args.partition_by)
 
 
 def report(summary: dict) -> str:

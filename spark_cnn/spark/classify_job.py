@@ -20,7 +20,7 @@ from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError, Si
 from spark_cnn.sidecar.launcher import LaunchOptions, stop_sidecars
 from spark_cnn.spark.inference import InferencePlan, PartitionInference, spark_ddl
 from spark_cnn.spark.session import spark_session
-from spark_cnn.spark.sources import read_images
+from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.stats import SidecarStatsParam
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 
@@ -65,6 +65,8 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
             raise InputError(f"input {config.input} does not exist")
         if fs.exists(output_uri) and not config.overwrite:
             raise InputError(f"output {config.output} already exists; use --overwrite to replace it")
+        source = open_source(spark, input_uri, config.inputs)
+        _check_partition_column(config.partition_by, source)
         for path in resolved.endpoint.files:
             spark.sparkContext.addFile(path)  # executors find their copy with SparkFiles.get(name)
 
@@ -75,15 +77,19 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
                                  threads=config.threads),
             job_id=job_id, options=config.run_options.to_dict(), decode=config.decode, on_error=config.on_error,
             label_names=labels,
-            request_rows=config.request_rows, max_in_flight=config.max_in_flight)
+            request_rows=config.request_rows, max_in_flight=config.max_in_flight,
+            encoding=source.encoding, carry=(TRUE_LABEL,) if source.has_labels else ())
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
-        outputs = read_images(spark, input_uri).mapInArrow(
-            PartitionInference(plan, sidecar_stats), spark_ddl(logits=config.logits, embeddings=config.embeddings))
+        ddl = spark_ddl(logits=config.logits, embeddings=config.embeddings)
+        if source.has_labels:
+            ddl += f", {TRUE_LABEL} string"
+        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats), ddl)
 
         staging = _staging_uri(output_uri, job_id)
         started = time.perf_counter()
         try:
-            outputs.write.parquet(staging)
+            writer = outputs.write.partitionBy(config.partition_by) if config.partition_by else outputs.write
+            writer.parquet(staging)
         except Exception as e:
             fs.delete(staging)
             raise _task_error(e) from e
@@ -114,6 +120,13 @@ def _check_local_paths(input_uri: str, output_uri: str, overwrite: bool) -> None
         raise InputError(f"output {output_path} already exists; use --overwrite to replace it")
 
 
+def _check_partition_column(column: str | None, source: ImageSource) -> None:
+    """--partition-by true_label needs an input that says what each image is."""
+    if column == TRUE_LABEL and not source.has_labels:
+        raise ConfigError(f"--partition-by {TRUE_LABEL}: this {source.format} input has no true labels; name its "
+                          "label column with --label-column, or partition by label or label_name")
+
+
 def _staging_uri(output_uri: str, job_id: str) -> str:
     parent, _, name = output_uri.rstrip("/").rpartition("/")
     return f"{parent}/.{name}.spark_cnn-{job_id}.tmp"
@@ -130,18 +143,20 @@ def _task_error(error: Exception) -> SparkCnnError:
 def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, config: ClassifyConfig,
                sidecars: list[dict]) -> dict:
     rows = spark.read.parquet(output_uri)
-    parent = F.element_at(F.split("path", "/"), -2)
     aggregates = [F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNull()).alias("ok")]
-    if labels is not None:
-        ok = F.col("error").isNull()
-        aggregates += [F.count_if(ok & parent.isin(list(labels))).alias("labelled"),
-                       F.count_if(ok & (F.col("label_name") == parent)).alias("correct")]
+    if TRUE_LABEL in rows.columns:
+        ok, truth = F.col("error").isNull(), F.col(TRUE_LABEL)
+        if labels is not None:  # true labels are class names
+            labelled, correct = truth.isin(list(labels)), F.col("label_name") == truth
+        else:  # true labels are class indices
+            labelled, correct = truth.rlike(r"^[0-9]+$"), F.col("label").cast("string") == truth
+        aggregates += [F.count_if(ok & labelled).alias("labelled"), F.count_if(ok & correct).alias("correct")]
     totals = rows.agg(*aggregates).first().asDict()
     images, ok_rows = totals["images"], totals["ok"]
-    # Accuracy only when the folders are the classes (ImageFolder layout): every classified image sits in a
-    # folder named after one of the labels.
+    # Accuracy only when every classified image has a true label: its ImageFolder class folder (a name from
+    # --labels, or a class index), or the input's --label-column.
     accuracy = None
-    if labels is not None and ok_rows and totals["labelled"] == ok_rows:
+    if "labelled" in totals and ok_rows and totals["labelled"] == ok_rows:
         accuracy = round(totals["correct"] / ok_rows, 4)
     batch_sizes = sorted({s.get("batch_size") for s in sidecars if s.get("batch_size")})
     return {

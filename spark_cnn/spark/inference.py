@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
+from spark_cnn.formats.pixels import ENCODED, decoded_rgb, preprocess_rgb
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar.client import SidecarClient, map_ordered
@@ -65,6 +66,8 @@ class InferencePlan:
     label_names: tuple[str, ...] | None = None
     request_rows: int = 16
     max_in_flight: int = 4
+    encoding: str = ENCODED  # how input `content` holds images (formats.pixels); decoded pixels skip decoding
+    carry: tuple[str, ...] = ()  # input columns copied to the output unchanged (e.g. true_label)
 
 
 @dataclass
@@ -73,6 +76,7 @@ class _BatchState:
 
     paths: list[str]
     errors: list[str | None]
+    carried: dict[str, pa.Array] = field(default_factory=dict)
     results: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
 
 
@@ -127,18 +131,30 @@ class PartitionInference:
 
         Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
         prep = self.plan.endpoint.preprocessing
-        decode_here = self.plan.decode == "task"
+        encoding = self.plan.encoding
+        decode_here = self.plan.decode == "task" or encoding != ENCODED  # decoded pixels never go as files
         for batch in batches:
             paths = batch.column(INPUT_COLUMNS[0]).to_pylist()
             contents = batch.column(INPUT_COLUMNS[1])
-            state = _BatchState(paths, [None] * len(paths))
+            geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
+                        if "height" in batch.schema.names else None)
+            state = _BatchState(paths, [None] * len(paths), {name: batch.column(name) for name in self.plan.carry})
             rows: list[int] = []
             images: list = []
             for i, path in enumerate(paths):
                 data = contents[i].as_py()
+                if data is None:  # a table row without an image: still one output row
+                    if self.plan.on_error == "fail":
+                        raise ImageError(f"{path}: the row has no image (null)")
+                    state.errors[i] = "the row has no image (null)"
+                    continue
                 if decode_here:
                     try:
-                        data = preprocess_pixels(data, prep)
+                        if encoding == ENCODED:
+                            data = preprocess_pixels(data, prep)
+                        else:
+                            shape = [column[i] for column in geometry] if geometry else []
+                            data = preprocess_rgb(decoded_rgb(encoding, data, *shape), prep)
                     except ImageError as e:
                         if self.plan.on_error == "fail":
                             raise ImageError(f"{path}: {e}") from e
@@ -169,6 +185,9 @@ class PartitionInference:
                        for name in schema.names if name not in ("path", "error")}
         columns["path"] = pa.array(state.paths, pa.string())
         columns["error"] = pa.array(state.errors, pa.string())
+        for name, values in state.carried.items():
+            schema = schema.append(pa.field(name, values.type))
+            columns[name] = values
         out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
         if out.num_rows != n:  # the contract: exactly one output row per input row
             raise SidecarError(f"assembled {out.num_rows} rows for {n} inputs")
