@@ -121,3 +121,38 @@ def parse_batch_size(text: str) -> int | None:
         return int(text)
     except ValueError:
         raise ConfigError(f"--batch-size {text}: expected auto or a positive integer") from None
+
+
+# Row groups of 64 MiB: petastorm's readers load one row group per worker; a few dozen megabytes keeps
+# memory per worker bounded while amortising per-group overheads (petastorm's examples use 64-256 MiB).
+DEFAULT_ROW_GROUP_MB = 64
+
+
+@dataclass(frozen=True)
+class PetastormConfig:
+    """Everything `spark-cnn to-petastorm` needs: images in (any input format), a Petastorm dataset out."""
+
+    input: str
+    output: str
+    inputs: InputOptions = InputOptions()
+    codec: str = "png"
+    jpeg_quality: int = 95
+    row_group_mb: int = DEFAULT_ROW_GROUP_MB
+    master: str | None = None
+    on_error: str = "record"
+    overwrite: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        from spark_cnn.formats.petastorm import WRITE_CODECS
+
+        if not self.input or not self.output:
+            raise ConfigError("INPUT and OUTPUT must both be given")
+        if self.codec not in WRITE_CODECS:
+            raise ConfigError(f"--codec {self.codec}: expected one of {', '.join(WRITE_CODECS)}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError(f"--jpeg-quality {self.jpeg_quality}: expected 1..100")
+        if self.row_group_mb < 1:
+            raise ConfigError(f"--row-group-mb {self.row_group_mb}: expected a positive number of MiB")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise ConfigError(f"--on-error {self.on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")
