@@ -155,12 +155,16 @@ _ALLOWED.setdefault(("numpy", "unicode_"), np.str_)
 _ALLOWED.setdefault(("numpy", "string_"), np.bytes_)
 
 
+class _RefusedGlobal(pickle.UnpicklingError):
+    """The pickle names a class or function outside the allow-list."""
+
+
 class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a Unischema holds only petastorm "
+            raise _RefusedGlobal(f"refusing to load {module}.{name}: a Unischema holds only petastorm "
                                          "schema, codec, NumPy and pyspark type classes") from None
 
 
@@ -168,7 +172,7 @@ def loads_unischema(data: bytes, *, source: str = "the dataset") -> Unischema:
     """A pickled petastorm Unischema -> our Unischema; refuses any other class named in the pickle."""
     try:
         schema = _AllowListUnpickler(io.BytesIO(data)).load()
-    except pickle.UnpicklingError as e:
+    except _RefusedGlobal as e:
         raise InputError(f"{source}: the stored petastorm Unischema cannot be read safely: {e}") from e
     except Exception as e:  # truncated or malformed pickles raise many types
         raise InputError(f"{source}: the stored petastorm Unischema is corrupt: {type(e).__name__}: {e}") from e
