@@ -45,7 +45,8 @@ class InputOptions:
         table_only = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
                       if getattr(self, name) is not None]
         if table_only and self.format in ("images", "image"):
-            raise ConfigError(f"{', '.join(table_only)} apply to parquet and petastorm inputs, not "
+            verb = "applies" if len(table_only) == 1 else "apply"
+            raise ConfigError(f"{', '.join(table_only)} {verb} to parquet and petastorm inputs, not "
                               f"--input-format {self.format}")
         if self.glob is not None and self.format in ("parquet", "petastorm"):
             raise ConfigError(f"--glob applies to image files, not --input-format {self.format}")

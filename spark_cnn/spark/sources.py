@@ -62,7 +62,8 @@ def open_source(spark: SparkSession, input_uri: str, options: InputOptions | Non
         named = [f"--{n.replace('_', '-')}" for n in ("image_column", "path_column", "label_column")
                  if getattr(options, n) is not None]
         if named:
-            raise ConfigError(f"{', '.join(named)} apply to parquet and petastorm inputs, but {input_uri} holds "
+            verb = "applies" if len(named) == 1 else "apply"
+            raise ConfigError(f"{', '.join(named)} {verb} to parquet and petastorm inputs, but {input_uri} holds "
                               "image files")
     if fmt == "images":
         return ImageSource(with_folder_labels(spark, read_images(spark, input_uri, glob=options.glob), input_uri),

@@ -159,7 +159,7 @@ def test_hadoop_style_globs():
 def test_input_and_partition_options_are_checked_before_any_work():
     with pytest.raises(ConfigError, match="--input-format tiff"):
         InputOptions(format="tiff")
-    with pytest.raises(ConfigError, match="--image-column apply to parquet and petastorm"):
+    with pytest.raises(ConfigError, match="--image-column applies to parquet and petastorm"):
         InputOptions(format="images", image_column="img")
     with pytest.raises(ConfigError, match="--glob applies to image files"):
         InputOptions(format="parquet", glob="*.jpg")
@@ -169,3 +169,25 @@ def test_input_and_partition_options_are_checked_before_any_work():
         ClassifyConfig("in", "out", ModelSpec("resnet18"), partition_by="score")
     with pytest.raises(ConfigError, match="--codec gif"):
         PetastormConfig("in", "out", codec="gif")
+
+
+def test_cli_input_and_partition_flags_fill_the_config():
+    from spark_cnn.cli import build_parser
+    from spark_cnn.cli.classify import classify_config
+
+    args = build_parser().parse_args(["classify", "t/", "out", "--input-format", "parquet", "--image-column", "jpg",
+                                      "--path-column", "key", "--label-column", "cls", "--partition-by", "true_label"])
+    config = classify_config(args)
+    assert config.inputs == InputOptions(format="parquet", image_column="jpg", path_column="key", label_column="cls")
+    assert config.partition_by == "true_label"
+    assert classify_config(build_parser().parse_args(["classify", "i/", "o", "--glob", "*.jpg"])).inputs.glob == "*.jpg"
+
+
+def test_cli_to_petastorm_refuses_bad_options_in_one_line(capsys):
+    from spark_cnn.cli import main
+
+    assert main(["to-petastorm", "in/", "out/", "--input-format", "image", "--label-column", "y"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "spark-cnn to-petastorm: error: --label-column applies to parquet and petastorm inputs, not --input-format image"]
+    assert main(["to-petastorm", "in/", "out/", "--row-group-mb", "0"]) == 2
+    assert "--row-group-mb 0" in capsys.readouterr().err
