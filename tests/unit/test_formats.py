@@ -188,6 +188,7 @@ def test_cli_to_petastorm_refuses_bad_options_in_one_line(capsys):
 
     assert main(["to-petastorm", "in/", "out/", "--input-format", "image", "--label-column", "y"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "spark-cnn to-petastorm: error: --label-column applies to parquet and petastorm inputs, not --input-format image"]
+        "spark-cnn to-petastorm: error: --label-column applies to parquet and petastorm inputs, "
+        "not --input-format image"]
     assert main(["to-petastorm", "in/", "out/", "--row-group-mb", "0"]) == 2
     assert "--row-group-mb 0" in capsys.readouterr().err
