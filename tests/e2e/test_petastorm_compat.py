@@ -39,7 +39,8 @@ def petastorm_env() -> str:
 
 def _run_in_env(python: str, script: str, *args: str) -> None:
     env = {**os.environ, "PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
-    env.pop("PYTHONPATH", None)  # nothing of spark_cnn's environment inside petastorm's
+    for name in ("PYTHONPATH", "SPARK_HOME", "SPARK_CONF_DIR"):  # nothing of spark_cnn's Spark 4 set-up
+        env.pop(name, None)
     done = run_command([python, os.path.join(SCRIPTS, script), *args], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
