@@ -93,6 +93,16 @@ def test_every_input_format_gives_the_same_rows_and_logits(spark, demo_assets, p
     _classify(spark, demo_assets, pictures, str(tmp_path / "image"), format="image", glob="*.png")
     _assert_same_outputs(_rows(str(tmp_path / "image"), relative), folder)
 
+    # Spark's image rows saved as a Parquet table (a struct column): read as image-source rows, ids from origin.
+    stored = str(tmp_path / "image-table")
+    spark.read.format("image").option("pathGlobFilter", "*.png").option("recursiveFileLookup", "true") \
+        .load(pictures).write.parquet(stored)
+    _classify(spark, demo_assets, stored, str(tmp_path / "image-parquet"))
+    decoded = {n: r for n, r in folder.items() if n not in BROKEN}  # Spark's reader drops zero-byte files
+    rows = _rows(str(tmp_path / "image-parquet"), relative)
+    assert "could not decode" in rows.pop("dog/broken.png")["error"]
+    _assert_same_outputs(rows, decoded)
+
     # A Parquet table of the files with an id and a class column, plus a row without an image; partitioned.
     files = _pngs(pictures)
     table = pa.table({"id": [*files, "no-image"], "cls": [n.split("/")[0] for n in files] + ["dog"],
