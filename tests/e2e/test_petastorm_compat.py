@@ -13,12 +13,14 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
 from torchvision import transforms
 
+from spark_cnn.formats import petastorm
 from spark_cnn.formats.pixels import rgb_from_npy
 from spark_cnn.imaging.preprocess import decode_rgb
 from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
@@ -101,6 +103,37 @@ def test_petastorm_reads_what_to_petastorm_wrote(spark_cnn, petastorm_env, tmp_p
                 np.testing.assert_array_equal(image, pixels)  # PNG is lossless: exactly the pixels we decoded
             seen[name] = row
         assert set(seen) == set(expected), reader  # one row per input file, in both readers
+
+
+@pytest.mark.parametrize("codec", ["ndarray", "jpeg"])
+def test_petastorm_reads_every_codec_we_write(petastorm_env, codec, tmp_path):
+    """The layout for the other codecs, written by the pure core (no Spark): make_reader decodes our images."""
+    # Smooth colour gradients: JPEG keeps them close, so a channel swap or a wrong layout would show.
+    rgb = []
+    for h in (16, 24, 40):
+        y, x = np.mgrid[0:h, 0:2 * h]
+        rgb.append(np.stack([x * 255 // (2 * h), y * 255 // h, np.full_like(x, 200)], axis=2).astype(np.uint8))
+    dataset, dumped = tmp_path / "dataset", str(tmp_path / "read.npz")
+    os.makedirs(dataset)
+    pq.write_table(pa.table({"path": [f"p{i}" for i in range(len(rgb))],
+                             "image": pa.array([petastorm.encode_image(p, codec) for p in rgb], pa.binary()),
+                             "error": pa.nulls(len(rgb), pa.string())}), str(dataset / "part-0.parquet"))
+    with open(dataset / petastorm.COMMON_METADATA, "wb") as f:
+        f.write(petastorm.common_metadata(petastorm.image_unischema(codec, with_label=False), {"part-0.parquet": 1}))
+
+    _run_in_env(petastorm_env, "read_with_petastorm.py", "file://" + str(dataset), dumped)
+
+    with np.load(dumped) as read:
+        rows = json.loads(str(read["rows"]))
+        for row in rows["reader"]:
+            image, expected = read[f"reader_{row['i']}"], rgb[int(row["path"][1:])]
+            assert image.shape == expected.shape and image.dtype == np.uint8
+            if codec == "ndarray":
+                np.testing.assert_array_equal(image, expected)
+            else:  # lossy: OpenCV's decode of our JPEG is close to the pixels we encoded
+                assert np.abs(image.astype(int) - expected).mean() < 3
+    assert sorted(r["path"] for r in rows["reader"]) == ["p0", "p1", "p2"]
+    assert sorted(r["path"] for r in rows["batch_reader"]) == ["p0", "p1", "p2"]
 
 
 def test_classify_reads_what_petastorm_wrote(spark_cnn, petastorm_env, demo_assets, tmp_path):
