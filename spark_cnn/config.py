@@ -18,6 +18,40 @@ ON_ERROR_CHOICES = ("record", "fail")
 # Rows per request a task sends: large enough to amortise a message (~0.1 ms), small enough that the
 # batcher can fill device batches from several tasks at once.
 DEFAULT_REQUEST_ROWS = 16
+INPUT_FORMATS = ("auto", "images", "image", "parquet", "petastorm")
+# Output columns a job may partition its Parquet by: small, repeated values (never paths, scores or vectors).
+PARTITION_COLUMNS = ("label", "label_name", "true_label")
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """Where the images come from and how to find them in the input (`spark/sources.py` reads them).
+
+    format: auto | images (files, binaryFile) | image (Spark's image source) | parquet | petastorm.
+    glob: file-name pattern for images/image (Hadoop glob: *, ?, [ab], {jpg,png}).
+    image_column / path_column / label_column: for parquet and petastorm inputs; the path column is the row's id
+    in the output, the label column (the true class) fills `true_label`.
+    """
+
+    format: str = "auto"
+    glob: str | None = None
+    image_column: str | None = None
+    path_column: str | None = None
+    label_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in INPUT_FORMATS:
+            raise ConfigError(f"--input-format {self.format}: expected one of {', '.join(INPUT_FORMATS)}")
+        if self.glob is not None and (not self.glob or "/" in self.glob):
+            raise ConfigError(f"--glob {self.glob!r}: expected a file-name pattern such as '*.jpg' (no '/')")
+        table_only = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
+                      if getattr(self, name) is not None]
+        if table_only and self.format in ("images", "image"):
+            verb = "applies" if len(table_only) == 1 else "apply"
+            raise ConfigError(f"{', '.join(table_only)} {verb} to parquet and petastorm inputs, not "
+                              f"--input-format {self.format}")
+        if self.glob is not None and self.format in ("parquet", "petastorm"):
+            raise ConfigError(f"--glob applies to image files, not --input-format {self.format}")
 
 
 @dataclass(frozen=True)
@@ -50,6 +84,8 @@ class ClassifyConfig:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
     request_timeout_s: float = REPLY_TIMEOUT_S
+    inputs: InputOptions = InputOptions()
+    partition_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -57,6 +93,8 @@ class ClassifyConfig:
         if not self.output:
             raise ConfigError("OUTPUT is empty: give a path for the Parquet output")
         _ = self.inference_options  # validates the model and run options
+        if self.partition_by is not None and self.partition_by not in PARTITION_COLUMNS:
+            raise ConfigError(f"--partition-by {self.partition_by}: expected one of {', '.join(PARTITION_COLUMNS)}")
 
     @property
     def run_options(self) -> RunOptions:
@@ -179,3 +217,38 @@ class EtlConfig:
         if self.classify.overwrite:
             raise ConfigError("etl appends to OUTPUT; --overwrite does not apply (to start over, delete OUTPUT "
                               "and the checkpoint)")
+
+
+# Row groups of 64 MiB: petastorm's readers load one row group per worker; a few dozen megabytes keeps
+# memory per worker bounded while amortising per-group overheads (petastorm's examples use 64-256 MiB).
+DEFAULT_ROW_GROUP_MB = 64
+
+
+@dataclass(frozen=True)
+class PetastormConfig:
+    """Everything `spark-cnn to-petastorm` needs: images in (any input format), a Petastorm dataset out."""
+
+    input: str
+    output: str
+    inputs: InputOptions = InputOptions()
+    codec: str = "png"
+    jpeg_quality: int = 95
+    row_group_mb: int = DEFAULT_ROW_GROUP_MB
+    master: str | None = None
+    on_error: str = "record"
+    overwrite: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        from spark_cnn.formats.petastorm import WRITE_CODECS
+
+        if not self.input or not self.output:
+            raise ConfigError("INPUT and OUTPUT must both be given")
+        if self.codec not in WRITE_CODECS:
+            raise ConfigError(f"--codec {self.codec}: expected one of {', '.join(WRITE_CODECS)}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ConfigError(f"--jpeg-quality {self.jpeg_quality}: expected 1..100")
+        if self.row_group_mb < 1:
+            raise ConfigError(f"--row-group-mb {self.row_group_mb}: expected a positive number of MiB")
+        if self.on_error not in ON_ERROR_CHOICES:
+            raise ConfigError(f"--on-error {self.on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")

@@ -13,8 +13,28 @@ from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 from spark_cnn.sidecar.client import REPLY_TIMEOUT_S
 
 
+def add_input_options(parser: argparse.ArgumentParser) -> None:
+    inputs = parser.add_argument_group("input")
+    inputs.add_argument("--input-format", default="auto", choices=["auto", "images", "image", "parquet", "petastorm"],
+                        help="auto: petastorm if INPUT has a Unischema, parquet if it holds only .parquet files, else "
+                             "images; image = Spark's image data source")
+    inputs.add_argument("--glob", help="only image files whose name matches, e.g. '*.jpg' or '*.{jpg,png}'")
+    inputs.add_argument("--image-column", help="parquet/petastorm: the image column (default: the only one)")
+    inputs.add_argument("--path-column", help="parquet/petastorm: the row id written as `path` (default: a column "
+                                              "named path, id, ...; else file#row)")
+    inputs.add_argument("--label-column", help="parquet/petastorm: the true class (name or index), for accuracy")
+
+
+def input_options(args: argparse.Namespace):
+    from spark_cnn.config import InputOptions
+
+    return InputOptions(format=args.input_format, glob=args.glob, image_column=args.image_column,
+                        path_column=args.path_column, label_column=args.label_column)
+
+
 def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False) -> None:
     """The options of classify; `embed=True`: those of embed (--layer instead of labels, top-k and extra columns)."""
+    add_input_options(parser)
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="resnet50",
                        help="torchvision model name, TorchScript file, or module:factory (default: resnet50)")
@@ -57,6 +77,8 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
         out.add_argument("--logits", action="store_true", help="add the logits column")
         out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
     out.add_argument("--summary", help="also write the JSON summary here")
+    out.add_argument("--partition-by", choices=["label", "label_name", "true_label"],
+                     help="partition the Parquet output by this column")
     out.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     out.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
@@ -101,11 +123,14 @@ def classify_config(args: argparse.Namespace, *, embed: bool = False, preset: di
 # Options that describe the model rather than the job: they become the ModelSpec.
 MODEL_OPTIONS = ("model", "weights", "resize", "crop", "mean", "std")
 PREPROCESSING_OPTIONS = ("resize", "crop", "mean", "std")
+# Options that say how to read INPUT: they become ClassifyConfig.inputs (option -> InputOptions field).
+INPUT_OPTIONS = {"input_format": "format", "glob": "glob", "image_column": "image_column",
+                 "path_column": "path_column", "label_column": "label_column"}
 
 
 def config_from(values: dict):
     """ClassifyConfig from resolved option values: every value whose name is a ClassifyConfig field goes in."""
-    from spark_cnn.config import ClassifyConfig, parse_batch_size
+    from spark_cnn.config import ClassifyConfig, InputOptions, parse_batch_size
     from spark_cnn.models.spec import ModelSpec
 
     fields = {f.name for f in dataclasses.fields(ClassifyConfig)}
@@ -113,6 +138,8 @@ def config_from(values: dict):
     # Only the fields given: the rest come from the model's own preprocessing when the model is resolved.
     prep = {k: values[k] for k in PREPROCESSING_OPTIONS if values.get(k) is not None}
     kwargs["model"] = ModelSpec(values["model"], weights=values.get("weights"), preprocessing=prep or None)
+    kwargs["inputs"] = InputOptions(**{field: values[option] for option, field in INPUT_OPTIONS.items()
+                                       if values.get(option) is not None})
     if isinstance(kwargs.get("batch_size"), str):
         kwargs["batch_size"] = parse_batch_size(kwargs["batch_size"])
     return ClassifyConfig(**kwargs)

@@ -30,7 +30,7 @@ from spark_cnn.sidecar.launcher import stop_sidecars
 from spark_cnn.spark.inference import EMBED_COLUMNS, PartitionInference, spark_ddl
 from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
 from spark_cnn.spark.session import spark_session
-from spark_cnn.spark.sources import read_images
+from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.stats import SidecarStatsParam
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 
@@ -48,6 +48,9 @@ def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> di
 def embed(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
     """Run the embed job: `path, embedding, error` per image (embedding: `config.layer`'s output, else the
     input of the last Linear layer). Same checks, staging and summary as classify."""
+    if config.partition_by is not None:
+        raise ConfigError(f"--partition-by {config.partition_by}: embed writes path, embedding and error only; "
+                          "partitioning applies to classify")
     if not config.embeddings:
         config = replace(config, embeddings=True)
     return run_job(config, spark=spark, columns=EMBED_COLUMNS)
@@ -71,19 +74,25 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
             raise InputError(f"input {config.input} does not exist")
         if fs.exists(output_uri) and not config.overwrite:
             raise InputError(f"output {config.output} already exists; use --overwrite to replace it")
+        source = open_source(spark, input_uri, config.inputs)
+        _check_partition_column(config.partition_by, source)
 
-        plan = plan_inference(spark, options, model)
+        plan = plan_inference(spark, options, model, encoding=source.encoding,
+                              carry=(TRUE_LABEL,) if source.has_labels else ())
         job_id = plan.job_id
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
-        outputs = read_images(spark, input_uri).mapInArrow(
-            PartitionInference(plan, sidecar_stats), spark_ddl(logits=config.logits, embeddings=config.embeddings))
+        ddl = spark_ddl(logits=config.logits, embeddings=config.embeddings)
+        if source.has_labels:
+            ddl += f", {TRUE_LABEL} string"
+        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats), ddl)
         if columns is not None:
             outputs = outputs.select(*columns)
 
         staging = _staging_uri(output_uri, job_id)
         started = time.perf_counter()
         try:
-            outputs.write.parquet(staging)
+            writer = outputs.write.partitionBy(config.partition_by) if config.partition_by else outputs.write
+            writer.parquet(staging)
         except Exception as e:
             fs.delete(staging)
             raise _task_error(e) from e
@@ -114,6 +123,13 @@ def _check_local_paths(input_uri: str, output_uri: str, overwrite: bool) -> None
         raise InputError(f"output {output_path} already exists; use --overwrite to replace it")
 
 
+def _check_partition_column(column: str | None, source: ImageSource) -> None:
+    """--partition-by true_label needs an input that says what each image is."""
+    if column == TRUE_LABEL and not source.has_labels:
+        raise ConfigError(f"--partition-by {TRUE_LABEL}: this {source.format} input has no true labels; name its "
+                          "label column with --label-column, or partition by label or label_name")
+
+
 def _staging_uri(output_uri: str, job_id: str) -> str:
     parent, _, name = output_uri.rstrip("/").rpartition("/")
     return f"{parent}/.{name}.spark_cnn-{job_id}.tmp"
@@ -130,18 +146,20 @@ def _task_error(error: Exception) -> SparkCnnError:
 def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, config: ClassifyConfig,
                sidecars: list[dict]) -> dict:
     rows = spark.read.parquet(output_uri)
-    parent = F.element_at(F.split("path", "/"), -2)
     aggregates = [F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNull()).alias("ok")]
-    if labels is not None:
-        ok = F.col("error").isNull()
-        aggregates += [F.count_if(ok & parent.isin(list(labels))).alias("labelled"),
-                       F.count_if(ok & (F.col("label_name") == parent)).alias("correct")]
+    if TRUE_LABEL in rows.columns:
+        ok, truth = F.col("error").isNull(), F.col(TRUE_LABEL)
+        if labels is not None:  # true labels are class names
+            labelled, correct = truth.isin(list(labels)), F.col("label_name") == truth
+        else:  # true labels are class indices
+            labelled, correct = truth.rlike(r"^[0-9]+$"), F.col("label").cast("string") == truth
+        aggregates += [F.count_if(ok & labelled).alias("labelled"), F.count_if(ok & correct).alias("correct")]
     totals = rows.agg(*aggregates).first().asDict()
     images, ok_rows = totals["images"], totals["ok"]
-    # Accuracy only when the folders are the classes (ImageFolder layout): every classified image sits in a
-    # folder named after one of the labels.
+    # Accuracy only when every classified image has a true label: its ImageFolder class folder (a name from
+    # --labels, or a class index), or the input's --label-column.
     accuracy = None
-    if labels is not None and ok_rows and totals["labelled"] == ok_rows:
+    if "labelled" in totals and ok_rows and totals["labelled"] == ok_rows:
         accuracy = round(totals["correct"] / ok_rows, 4)
     batch_sizes = sorted({s.get("batch_size") for s in sidecars if s.get("batch_size")})
     return {

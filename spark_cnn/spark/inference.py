@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
+from spark_cnn.formats.pixels import ENCODED, decoded_rgb, preprocess_rgb
 from spark_cnn.imaging.decode import check_file_size
 from spark_cnn.imaging.image_struct import preprocess_image_struct
 from spark_cnn.imaging.options import DecodeOptions
@@ -30,6 +31,7 @@ from spark_cnn.sidecar.protocol import ERROR_COLUMN
 from spark_cnn.spark.stats import sidecar_key
 
 INPUT_COLUMNS = ("path", "content")
+NULL_IMAGE = "the row has no image (null)"
 TOPK_TYPE = pa.list_(pa.struct([("label", pa.int32()), ("score", pa.float32())]))
 VECTOR_TYPE = pa.list_(pa.float32())
 # The embed output (DESIGN.md): one embedding per image.
@@ -73,6 +75,8 @@ class InferencePlan:
     request_rows: int = 16
     max_in_flight: int = 4
     request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs (see failover.py)
+    encoding: str = ENCODED  # how input `content` holds images (formats.pixels); decoded pixels skip decoding
+    carry: tuple[str, ...] = ()  # input columns copied to the output unchanged (e.g. true_label)
 
 
 @dataclass
@@ -82,6 +86,7 @@ class _BatchState:
 
     paths: list[str]
     errors: list[str | None]
+    carried: dict[str, pa.Array] = field(default_factory=dict)
     results: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
 
 
@@ -95,7 +100,8 @@ class PartitionInference:
         self.stats = stats_accumulator
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        inputs = ((batch.column(INPUT_COLUMNS[0]).to_pylist(), batch.column(INPUT_COLUMNS[1])) for batch in batches)
+        inputs = ((batch.column(INPUT_COLUMNS[0]).to_pylist(), batch.column(INPUT_COLUMNS[1]), batch)
+                  for batch in batches)
         for state in infer_batches(self.plan, inputs, self.stats):
             yield self.assemble(state)
 
@@ -116,6 +122,9 @@ class PartitionInference:
                        for name in schema.names if name not in ("path", "error")}
         columns["path"] = pa.array(state.paths, pa.string())
         columns["error"] = pa.array(state.errors, pa.string())
+        for name, values in state.carried.items():
+            schema = schema.append(pa.field(name, values.type))
+            columns[name] = values
         out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
         if out.num_rows != n:  # the contract: exactly one output row per input row
             raise SidecarError(f"assembled {out.num_rows} rows for {n} inputs")
@@ -196,30 +205,38 @@ def _take_reply(plan: InferencePlan, state: _BatchState, rows: list[int], reply:
         state.results.append((rows, reply))
 
 
-def _work_items(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]]):
+def _work_items(plan: InferencePlan, inputs: Iterator[tuple]):
     """((state, rows), images), decode place per request; then ((state, None), None), decode to mark the end
-    of each input batch.
+    of each input batch. `inputs` yields (row names, image column[, the whole record batch]); the batch, when
+    given, supplies image geometry (Spark image-source rows) and the columns `plan.carry` copies to the output.
 
     Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
     prep = plan.endpoint.preprocessing
     decode_options = DecodeOptions.from_dict(plan.decode_options)
-    for paths, contents in inputs:
+    for paths, contents, *whole in inputs:
+        batch = whole[0] if whole else None
         structs = pa.types.is_struct(contents.type)
-        decode_here = structs or plan.decode == "task"
-        prepare = preprocess_image_struct if structs else preprocess_pixels
+        pixels_given = plan.encoding != ENCODED  # decoded pixels (image source, NumPy arrays) never go as files
+        decode_here = structs or pixels_given or plan.decode == "task"
+        geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
+                    if pixels_given and batch is not None and "height" in batch.schema.names else None)
         decode = "task" if decode_here else plan.decode
-        state = _BatchState(paths, [None] * len(paths))
+        carried = {name: batch.column(name) for name in plan.carry} if batch is not None else {}
+        state = _BatchState(paths, [None] * len(paths), carried)
         rows: list[int] = []
         images: list = []
         for i, path in enumerate(paths):
             data = contents[i].as_py()
             try:
-                if decode_here:
-                    if data is None:
-                        raise ImageError("no image (null)")
-                    data = prepare(data, prep, decode_options)
-                elif data is None:
-                    raise ImageError("no image (null)")
+                if data is None:  # a table row without an image: still one output row
+                    raise ImageError(NULL_IMAGE)
+                if structs:
+                    data = preprocess_image_struct(data, prep, decode_options)
+                elif pixels_given:
+                    shape = [column[i] for column in geometry] if geometry else []
+                    data = preprocess_rgb(decoded_rgb(plan.encoding, data, *shape), prep)
+                elif decode_here:
+                    data = preprocess_pixels(data, prep, decode_options)
                 else:
                     check_file_size(data, decode_options)  # refused here: never sent to the sidecar
             except ImageError as e:

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError, InputError
+from spark_cnn.formats.pixels import ENCODED
 from spark_cnn.sidecar.launcher import LaunchOptions
 from spark_cnn.spark.inference import InferencePlan
 
@@ -60,8 +61,10 @@ def check_model(options: InferenceOptions) -> CheckedModel:
     return CheckedModel(resolved, labels)
 
 
-def plan_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel) -> InferencePlan:
-    """Ship the model's files to the executors and fix the tasks' plan (a fresh job id each call)."""
+def plan_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel, *,
+                   encoding: str = ENCODED, carry: tuple[str, ...] = ()) -> InferencePlan:
+    """Ship the model's files to the executors and fix the tasks' plan (a fresh job id each call). `encoding`:
+    how the input column holds images (formats.pixels); `carry`: input columns copied to the output."""
     shipped = {urlparse(uri).path for uri in spark.sparkContext.listFiles}
     for path in model.endpoint.files:
         if os.path.abspath(path) not in shipped:  # Spark warns on a second addFile of a path, and ignores it
@@ -73,4 +76,4 @@ def plan_inference(spark: SparkSession, options: InferenceOptions, model: Checke
         job_id=uuid.uuid4().hex[:12], options=options.run_options.to_dict(), decode=options.decode,
         on_error=options.on_error, label_names=model.labels, request_rows=options.request_rows,
         max_in_flight=options.max_in_flight, decode_options=options.decode_options.to_dict(),
-        request_timeout_s=options.request_timeout_s)
+        request_timeout_s=options.request_timeout_s, encoding=encoding, carry=carry)

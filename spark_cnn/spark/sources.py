@@ -1,4 +1,8 @@
-"""Where images come from: a folder of files, read with Spark's binaryFile source, one row per file.
+"""Where images come from: image folders, Spark's image source, Parquet tables and Petastorm datasets.
+
+Every reader returns an `ImageSource`: a DataFrame with one row per input image and the columns the task side
+reads (`path` string, `content` binary; `height`, `width`, `channels` for Spark's image source; `true_label`
+string when the input says what each image is), plus how `content` holds the image (`formats.pixels`).
 
 Spark's file sources drop zero-byte files from every scan (SPARK-26161, SPARK-27291). A zero-byte image is
 still an input that must come out as one row (with its error), so empty files are listed separately and
@@ -7,13 +11,138 @@ added back with empty content.
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
+from spark_cnn.config import InputOptions
+from spark_cnn.errors import ConfigError, InputError
+from spark_cnn.formats import petastorm
+from spark_cnn.formats.pixels import ENCODED, SPARK_IMAGE
 from spark_cnn.spark.storage import local_path
 
 IMAGE_ROW_SCHEMA = "path string, content binary"
+TRUE_LABEL = "true_label"
+# Column names taken as a table's row id when --path-column is not given, in this order.
+PATH_COLUMN_GUESSES = ("path", "id", "origin", "filename", "file", "name", "key", "uri", "url")
+# Fields of a Spark image-source struct (ImageSchema), also accepted as a Parquet image column.
+SPARK_IMAGE_FIELDS = {"origin", "height", "width", "nChannels", "mode", "data"}
+
+__all__ = ["ImageSource", "detect_format", "open_source", "read_images", "IMAGE_ROW_SCHEMA", "TRUE_LABEL"]
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """One row per input image: `frame` (path, content[, height, width, channels][, true_label])."""
+
+    frame: DataFrame
+    format: str           # images | image | parquet | petastorm
+    encoding: str         # formats.pixels: ENCODED, SPARK_IMAGE or NPY
+    has_labels: bool = False
+
+    @property
+    def columns(self) -> list[str]:
+        return self.frame.columns
+
+
+def open_source(spark: SparkSession, input_uri: str, options: InputOptions | None = None) -> ImageSource:
+    """Read `input_uri` as `options.format` (auto: detected from what is there)."""
+    options = options or InputOptions()
+    fmt = options.format if options.format != "auto" else detect_format(spark, input_uri)
+    if fmt in ("parquet", "petastorm") and options.glob is not None:
+        raise ConfigError(f"--glob applies to image files, but {input_uri} holds a {fmt} dataset")
+    if fmt in ("images", "image"):
+        named = [f"--{n.replace('_', '-')}" for n in ("image_column", "path_column", "label_column")
+                 if getattr(options, n) is not None]
+        if named:
+            verb = "applies" if len(named) == 1 else "apply"
+            raise ConfigError(f"{', '.join(named)} {verb} to parquet and petastorm inputs, but {input_uri} holds "
+                              "image files")
+    if fmt == "images":
+        return ImageSource(with_folder_labels(spark, read_images(spark, input_uri, glob=options.glob), input_uri),
+                           "images", ENCODED, has_labels=True)
+    if fmt == "image":
+        return ImageSource(with_folder_labels(spark, read_spark_images(spark, input_uri, glob=options.glob),
+                                              input_uri), "image", SPARK_IMAGE, has_labels=True)
+    if fmt == "parquet":
+        return read_parquet_images(spark, input_uri, options)
+    return read_petastorm(spark, input_uri, options)
+
+
+# ---- format detection -------------------------------------------------------------------------------------
+
+
+def detect_format(spark: SparkSession, input_uri: str) -> str:
+    """petastorm (a Unischema in `_common_metadata`), parquet (only .parquet files), else images."""
+    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA)
+    if metadata is not None:
+        try:
+            if petastorm.is_petastorm_metadata(pq.read_metadata(_buffer(metadata)).metadata):
+                return "petastorm"
+        except Exception:  # not Parquet metadata: not a petastorm dataset
+            pass
+    seen_parquet = False
+    for name in _visible_files(spark, input_uri):
+        if not name.endswith(".parquet"):
+            return "images"
+        seen_parquet = True
+    return "parquet" if seen_parquet else "images"
+
+
+def _buffer(data: bytes):
+    import pyarrow as pa
+    return pa.BufferReader(data)
+
+
+def _read_small_file(spark: SparkSession, uri: str) -> bytes | None:
+    local = local_path(uri)
+    if local is not None:
+        if not os.path.isfile(local):
+            return None
+        with open(local, "rb") as f:
+            return f.read()
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.isFile(path):
+        return None
+    stream = fs.open(path)
+    try:
+        return bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+    finally:
+        stream.close()
+
+
+def _visible_files(spark: SparkSession, input_uri: str) -> Iterator[str]:
+    """Names of the files Spark would read under `input_uri`, lazily (detection stops at the first image)."""
+    local = local_path(input_uri)
+    if local is not None:
+        if os.path.isfile(local):
+            yield os.path.basename(local)
+            return
+        for root, dirs, names in os.walk(local):
+            dirs[:] = sorted(d for d in dirs if not is_hidden(d))
+            for name in sorted(names):
+                if not is_hidden(name):
+                    yield os.path.join(root, name)
+        return
+    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(input_uri)
+    files = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(path, True)
+    while files.hasNext():
+        name = files.next().getPath().toString()
+        relative = name[len(path.toString()):].strip("/").split("/")
+        if not any(is_hidden(part) for part in relative):
+            yield name
+
+
+# ---- image files ------------------------------------------------------------------------------------------
 
 
 def is_hidden(name: str) -> bool:
@@ -21,28 +150,69 @@ def is_hidden(name: str) -> bool:
     return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
 
 
-def read_images(spark: SparkSession, input_uri: str) -> DataFrame:
-    """Every visible file under `input_uri`, recursively, as (path, content), including zero-byte files."""
-    files = (spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(input_uri)
-             .select("path", "content"))
-    empty = empty_files(spark, input_uri)
+def read_images(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> DataFrame:
+    """Every visible file under `input_uri` (recursively; names matching `glob`), as (path, content),
+    including zero-byte files."""
+    files = (_file_reader(spark, "binaryFile", glob).load(input_uri).select("path", "content"))
+    empty = empty_files(spark, input_uri, glob=glob)
     if not empty:
         return files
     return files.unionByName(spark.createDataFrame([(path, b"") for path in empty], IMAGE_ROW_SCHEMA))
 
 
-def empty_files(spark: SparkSession, input_uri: str) -> list[str]:
-    """Zero-byte visible files under `input_uri`, as Spark writes their paths."""
+def read_spark_images(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> DataFrame:
+    """Spark's `image` data source: one row per file, undecodable ones kept (height -1) so they become errors."""
+    images = (_file_reader(spark, "image", glob).option("dropInvalid", False).load(input_uri)
+              .select(F.col("image.origin").alias("path"), F.col("image.data").alias("content"),
+                      F.col("image.height").alias("height"), F.col("image.width").alias("width"),
+                      F.col("image.nChannels").alias("channels")))
+    empty = empty_files(spark, input_uri, glob=glob)
+    if not empty:
+        return images
+    rows = [(path, b"", -1, -1, -1) for path in empty]
+    return images.unionByName(spark.createDataFrame(rows, IMAGE_ROW_SCHEMA + ", height int, width int, channels int"))
+
+
+def _file_reader(spark: SparkSession, fmt: str, glob: str | None):
+    reader = spark.read.format(fmt).option("recursiveFileLookup", "true")
+    return reader.option("pathGlobFilter", glob) if glob else reader
+
+
+def with_folder_labels(spark: SparkSession, frame: DataFrame, input_uri: str) -> DataFrame:
+    """Add `true_label`: the class folder of each file (ImageFolder layout: INPUT/<class>/.../file), null for
+    files directly in INPUT."""
+    root = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(input_uri).toString().rstrip("/") + "/"
+    relative = F.split(F.substring(F.col("path"), len(root) + 1, 1 << 30), "/")
+    in_folder = F.col("path").startswith(root) & (F.size(relative) > 1)
+    return frame.withColumn(TRUE_LABEL, F.when(in_folder, F.element_at(relative, 1)).cast("string"))
+
+
+def matches_glob(name: str, glob: str | None) -> bool:
+    """Hadoop's file-name glob (as Spark's pathGlobFilter applies it): *, ?, [..] and {a,b} alternatives."""
+    return glob is None or any(fnmatch.fnmatchcase(name, pattern) for pattern in _expand_braces(glob))
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [expanded for option in match.group(1).split(",") for expanded in _expand_braces(head + option + tail)]
+
+
+def empty_files(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> list[str]:
+    """Zero-byte visible files under `input_uri` (names matching `glob`), as Spark writes their paths."""
     jvm = spark.sparkContext._jvm
     local = local_path(input_uri)
     if local is not None:  # fast path: one stat per file, no JVM round trips
         found = []
         if os.path.isfile(local):
-            return [jvm.org.apache.hadoop.fs.Path("file://" + local).toString()] if not os.path.getsize(local) else []
+            empty = not os.path.getsize(local) and matches_glob(os.path.basename(local), glob)
+            return [jvm.org.apache.hadoop.fs.Path("file://" + local).toString()] if empty else []
         for root, dirs, names in os.walk(local):
             dirs[:] = [d for d in dirs if not is_hidden(d)]
             found += [os.path.join(root, n) for n in names
-                      if not is_hidden(n) and os.path.isfile(os.path.join(root, n))
+                      if not is_hidden(n) and matches_glob(n, glob) and os.path.isfile(os.path.join(root, n))
                       and os.path.getsize(os.path.join(root, n)) == 0]
         return [jvm.org.apache.hadoop.fs.Path("file://" + p).toString() for p in sorted(found)]
     # Other filesystems: Hadoop's recursive listing, one JVM call per file (slow for millions of files).
@@ -54,6 +224,78 @@ def empty_files(spark: SparkSession, input_uri: str) -> list[str]:
         if status.getLen() == 0:
             name = status.getPath().toString()
             relative = name[len(path.toString()):].strip("/").split("/")
-            if not any(is_hidden(part) for part in relative):
+            if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
                 found.append(name)
     return found
+
+
+# ---- tables -----------------------------------------------------------------------------------------------
+
+
+def read_parquet_images(spark: SparkSession, input_uri: str, options: InputOptions) -> ImageSource:
+    """A Parquet table with a binary image column (image files), or a Spark image-source struct column."""
+    table = spark.read.parquet(input_uri)
+    types = {f.name: f.dataType for f in table.schema.fields}
+    image = options.image_column
+    if image is None:
+        candidates = [n for n, t in types.items() if isinstance(t, T.BinaryType) or _is_spark_image(t)]
+        if len(candidates) != 1:
+            raise ConfigError(f"{input_uri} has {len(candidates)} binary columns ({', '.join(candidates) or 'none'}); "
+                              "name the image column with --image-column")
+        image = candidates[0]
+    elif image not in types:
+        raise ConfigError(f"--image-column {image}: {input_uri} has no such column (columns: {', '.join(types)})")
+    if _is_spark_image(types[image]):
+        frame = table.select(_path_column(table, options, default=F.col(f"{image}.origin")),
+                             F.col(f"{image}.data").alias("content"), F.col(f"{image}.height").alias("height"),
+                             F.col(f"{image}.width").alias("width"), F.col(f"{image}.nChannels").alias("channels"),
+                             *_label_column(table, options))
+        return ImageSource(frame, "parquet", SPARK_IMAGE, has_labels=options.label_column is not None)
+    if not isinstance(types[image], T.BinaryType):
+        raise ConfigError(f"--image-column {image}: column has type {types[image].simpleString()}; expected binary "
+                          "image files (or a Spark image struct)")
+    frame = table.select(_path_column(table, options), F.col(image).alias("content"), *_label_column(table, options))
+    return ImageSource(frame, "parquet", ENCODED, has_labels=options.label_column is not None)
+
+
+def read_petastorm(spark: SparkSession, input_uri: str, options: InputOptions) -> ImageSource:
+    """A Petastorm dataset: its Unischema (read safely) names the image field and how it is encoded."""
+    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA)
+    if metadata is None:
+        raise InputError(f"{input_uri} is not a petastorm dataset: it has no {petastorm.COMMON_METADATA} file")
+    schema = petastorm.read_unischema(metadata, source=input_uri)
+    image, encoding = petastorm.image_field(schema, options.image_column)
+    table = spark.read.parquet(input_uri)
+    frame = table.select(_path_column(table, options), F.col(image).cast("binary").alias("content"),
+                         *_label_column(table, options))
+    return ImageSource(frame, "petastorm", encoding, has_labels=options.label_column is not None)
+
+
+def _is_spark_image(data_type: T.DataType) -> bool:
+    return isinstance(data_type, T.StructType) and SPARK_IMAGE_FIELDS <= set(data_type.fieldNames())
+
+
+def _path_column(table: DataFrame, options: InputOptions, default: Column | None = None) -> Column:
+    """The row id as `path`: --path-column, else a column named like an id, else file and row position."""
+    name = options.path_column
+    if name is not None:
+        if name not in table.columns:
+            raise ConfigError(f"--path-column {name}: no such column (columns: {', '.join(table.columns)})")
+        return F.col(name).cast("string").alias("path")
+    if default is not None:
+        return default.alias("path")
+    for guess in PATH_COLUMN_GUESSES:
+        if guess in table.columns:
+            return F.col(guess).cast("string").alias("path")
+    # No id column: the Parquet file and the row's position in the scan identify the row.
+    return F.concat(F.input_file_name(), F.lit("#"), F.monotonically_increasing_id().cast("string")).alias("path")
+
+
+def _label_column(table: DataFrame, options: InputOptions) -> list[Column]:
+    name = options.label_column
+    if name is None:
+        return []
+    if name not in table.columns:
+        raise ConfigError(f"--label-column {name}: no such column (columns: {', '.join(table.columns)})")
+    return [F.col(name).cast("string").alias(TRUE_LABEL)]
+

@@ -1,0 +1,154 @@
+"""`spark-cnn to-petastorm`: images in (any input format), a Petastorm dataset out, without petastorm.
+
+Tasks decode each image to RGB (EXIF orientation applied) and store it with the chosen codec: PNG (lossless,
+read back as exactly these pixels), JPEG, or a raw array (NdarrayCodec). A file that does not decode keeps
+its row, with `image` null and `error` set. The driver then writes `_common_metadata` (the Unischema and the
+row groups of every file, see `formats/petastorm.py`); the dataset is written to a hidden sibling and renamed
+into place, so petastorm never sees a half-written one.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from spark_cnn.config import PetastormConfig
+from spark_cnn.errors import ImageError, InputError
+from spark_cnn.formats import petastorm
+from spark_cnn.formats.pixels import ENCODED, decoded_rgb
+from spark_cnn.spark.classify_job import _check_local_paths, _staging_uri, _task_error
+from spark_cnn.spark.session import spark_session
+from spark_cnn.spark.sources import TRUE_LABEL, open_source
+from spark_cnn.spark.storage import HadoopFS, to_uri
+
+MIB = 1 << 20
+
+
+class PetastormEncoder:
+    """mapInArrow function: (path, content[, height, width, channels][, true_label]) -> Unischema columns."""
+
+    def __init__(self, encoding: str, codec: str, *, jpeg_quality: int, with_label: bool, on_error: str):
+        self.encoding, self.codec, self.jpeg_quality = encoding, codec, jpeg_quality
+        self.with_label, self.on_error = with_label, on_error
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        schema = petastorm.arrow_schema(petastorm.image_unischema(self.codec, with_label=self.with_label))
+        for batch in batches:
+            paths = batch.column("path").to_pylist()
+            contents = batch.column("content")
+            geometry = ([batch.column(n).to_pylist() for n in ("height", "width", "channels")]
+                        if "height" in batch.schema.names else None)
+            images, errors = [], []
+            for i, path in enumerate(paths):
+                try:
+                    rgb = self._rgb(contents[i].as_py(), [column[i] for column in geometry] if geometry else [])
+                    images.append(petastorm.encode_image(rgb, self.codec, jpeg_quality=self.jpeg_quality))
+                    errors.append(None)
+                except ImageError as e:
+                    if self.on_error == "fail":
+                        raise ImageError(f"{path}: {e}") from e
+                    images.append(None)
+                    errors.append(str(e))
+            columns = {petastorm.PATH_FIELD: pa.array(paths, pa.string()),
+                       petastorm.IMAGE_FIELD: pa.array(images, pa.binary()),
+                       petastorm.ERROR_FIELD: pa.array(errors, pa.string())}
+            if self.with_label:
+                columns[petastorm.LABEL_FIELD] = batch.column(TRUE_LABEL)
+            out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+            if out.num_rows != batch.num_rows:
+                raise ImageError(f"encoded {out.num_rows} rows for {batch.num_rows} inputs")
+            yield out
+
+    def _rgb(self, data: bytes | None, geometry: list):
+        if data is None:
+            raise ImageError("the row has no image (null)")
+        if self.encoding == ENCODED:
+            import numpy as np
+
+            from spark_cnn.imaging.preprocess import decode_rgb
+            return np.asarray(decode_rgb(data), dtype=np.uint8)
+        return decoded_rgb(self.encoding, data, *geometry)
+
+
+def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) -> dict:
+    """Write the images of `config.input` as a Petastorm dataset at `config.output`; returns a summary."""
+    input_uri, output_uri = to_uri(config.input), to_uri(config.output)
+    _check_local_paths(input_uri, output_uri, config.overwrite)
+    own_session = spark is None
+    spark = spark or spark_session(master=config.master, quiet=config.quiet)
+    try:
+        fs = HadoopFS(spark)
+        if not fs.exists(input_uri):
+            raise InputError(f"input {config.input} does not exist")
+        if fs.exists(output_uri) and not config.overwrite:
+            raise InputError(f"output {config.output} already exists; use --overwrite to replace it")
+        source = open_source(spark, input_uri, config.inputs)
+        schema = petastorm.image_unischema(config.codec, with_label=source.has_labels,
+                                           jpeg_quality=config.jpeg_quality)
+        encoder = PetastormEncoder(source.encoding, config.codec, jpeg_quality=config.jpeg_quality,
+                                   with_label=source.has_labels, on_error=config.on_error)
+        ddl = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'binary'}"
+                        for f in petastorm.arrow_schema(schema))
+        staging = _staging_uri(output_uri, uuid.uuid4().hex[:12])
+        started = time.perf_counter()
+        try:
+            (source.frame.mapInArrow(encoder, ddl).write
+             .option("parquet.block.size", config.row_group_mb * MIB)
+             .option("parquet.summary.metadata.level", "NONE")
+             .parquet(staging))
+            _write_bytes(spark, staging + "/" + petastorm.COMMON_METADATA,
+                         petastorm.common_metadata(schema, row_groups_per_file(spark, staging)))
+        except InputError:
+            fs.delete(staging)
+            raise
+        except Exception as e:
+            fs.delete(staging)
+            raise _task_error(e) from e
+        if config.overwrite:
+            fs.delete(output_uri)
+        fs.rename(staging, output_uri)
+        elapsed = time.perf_counter() - started
+        totals = (spark.read.parquet(output_uri)
+                  .agg(F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNotNull()).alias("errors"))
+                  .first())
+        return {"images": totals["images"], "errors": totals["errors"], "elapsed_s": round(elapsed, 3),
+                "codec": config.codec, "fields": list(schema.fields), "output": output_uri}
+    finally:
+        if own_session:
+            spark.stop()
+
+
+def row_groups_per_file(spark: SparkSession, dataset_uri: str) -> dict[str, int]:
+    """{path relative to the dataset: row groups} for every visible Parquet file, read from the footers."""
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    root = jvm.org.apache.hadoop.fs.Path(dataset_uri)
+    fs = root.getFileSystem(conf)
+    root_text = fs.makeQualified(root).toString().rstrip("/") + "/"
+    files = fs.listFiles(root, True)
+    counts = {}
+    while files.hasNext():
+        path = files.next().getPath()
+        relative = path.toString()[len(root_text):]
+        if relative.endswith(".parquet") and not any(part.startswith(("_", ".")) for part in relative.split("/")):
+            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
+                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf))
+            try:
+                counts[relative] = reader.getRowGroups().size()
+            finally:
+                reader.close()
+    return counts
+
+
+def _write_bytes(spark: SparkSession, uri: str, data: bytes) -> None:
+    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
+    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
+    try:
+        stream.write(bytearray(data))
+    finally:
+        stream.close()
