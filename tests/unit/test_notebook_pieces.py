@@ -144,7 +144,7 @@ def _assembled(label_names=None, logits=False) -> pa.RecordBatch:
     if logits:
         reply["logits"] = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(20, dtype=np.float32)), 10)
     state = _BatchState(["a", "b", "c"], [None, "cannot decode image", None],
-                        [([0, 2], pa.RecordBatch.from_pydict(reply))])
+                        results=[([0, 2], pa.RecordBatch.from_pydict(reply))])
     return PartitionInference(plan).assemble(state)
 
 
