@@ -2,8 +2,8 @@
 
 A struct holds decoded pixels: `origin, height, width, nChannels, mode, data`, with `data` row-major in OpenCV's
 channel order (BGR, BGRA or one grey channel). They go through the same resize and centre crop as files do
-(imaging/preprocess.py), so an image read by either source becomes the same model input. Torch-free: runs in
-Spark tasks.
+(imaging/preprocess.py; the pixel conversion is the image source's, formats/pixels.py), so an image read by
+either source becomes the same model input. Torch-free: runs in Spark tasks.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import numpy as np
 from PIL import Image
 
 from spark_cnn.errors import ImageError
+from spark_cnn.formats.pixels import preprocess_rgb, rgb_from_spark_image
 from spark_cnn.imaging.options import DecodeOptions
-from spark_cnn.imaging.preprocess import Preprocessing, center_crop, resize_shorter_side
+from spark_cnn.imaging.preprocess import Preprocessing
 
 IMAGE_STRUCT_FIELDS = ("origin", "height", "width", "nChannels", "mode", "data")
 # OpenCV type codes Spark's image source writes: 8-bit with 1, 3 or 4 channels. Anything else (-1 marks an
@@ -28,8 +29,8 @@ def is_image_struct(field_names) -> bool:
     return set(IMAGE_STRUCT_FIELDS) <= set(field_names)
 
 
-def image_struct_to_rgb(image: Mapping) -> Image.Image:
-    """One image struct (a dict or a pandas row with the six fields) -> an RGB PIL image."""
+def image_struct_rgb(image: Mapping) -> np.ndarray:
+    """One image struct (a dict or a pandas row with the six fields) -> (H, W, 3) RGB uint8 pixels."""
     height, width, channels, mode, data = (image["height"], image["width"], image["nChannels"], image["mode"],
                                            image["data"])
     if data is None or height is None or width is None or height < 1 or width < 1:
@@ -37,13 +38,12 @@ def image_struct_to_rgb(image: Mapping) -> Image.Image:
     if OPENCV_8BIT_MODES.get(mode) != channels:
         raise ImageError(f"unsupported image mode {mode} with {channels} channel(s); expected 8-bit grey, BGR or BGRA "
                          f"(OpenCV types 0, 16, 24)")
-    if len(data) != height * width * channels:
-        raise ImageError(f"image data has {len(data)} bytes, expected height x width x channels = "
-                         f"{height * width * channels}")
-    pixels = np.frombuffer(data, dtype=np.uint8).reshape(height, width, channels)
-    if channels == 1:
-        return Image.fromarray(pixels[:, :, 0], mode="L").convert("RGB")
-    return Image.fromarray(np.ascontiguousarray(pixels[:, :, 2::-1]), mode="RGB")  # BGR(A) -> RGB, alpha dropped
+    return rgb_from_spark_image(data, height, width, channels)
+
+
+def image_struct_to_rgb(image: Mapping) -> Image.Image:
+    """One image struct -> an RGB PIL image."""
+    return Image.fromarray(image_struct_rgb(image), mode="RGB")
 
 
 def preprocess_image_struct(image: Mapping, prep: Preprocessing, options: DecodeOptions | None = None) -> np.ndarray:
@@ -54,5 +54,4 @@ def preprocess_image_struct(image: Mapping, prep: Preprocessing, options: Decode
             image["height"] * image["width"] > options.max_pixels:
         raise ImageError(f"image has {image['height'] * image['width']} pixels, more than --max-pixels "
                          f"{options.max_pixels}")
-    image = center_crop(resize_shorter_side(image_struct_to_rgb(image), prep.resize), prep.crop)
-    return np.asarray(image, dtype=np.uint8)
+    return preprocess_rgb(image_struct_rgb(image), prep)

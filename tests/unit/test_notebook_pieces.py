@@ -66,7 +66,7 @@ def test_image_struct_preprocessing_equals_the_file_path(photo):
 @pytest.mark.parametrize("change, message", [
     ({"height": -1, "width": -1, "mode": -1, "nChannels": -1, "data": b""}, "not a decoded image"),
     ({"mode": 21}, "unsupported image mode"),
-    ({"data": b"\0" * 10}, "expected height x width"),
+    ({"data": b"\0" * 10}, "image data has 10 bytes, expected"),
 ])
 def test_bad_image_structs_raise_image_errors(photo, change, message):
     with pytest.raises(ImageError, match=message):
