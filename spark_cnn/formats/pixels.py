@@ -12,6 +12,7 @@ import numpy as np
 from PIL import Image
 
 from spark_cnn.errors import ImageError
+from spark_cnn.imaging.modes import rgba_array_to_rgb
 from spark_cnn.imaging.preprocess import Preprocessing, center_crop, resize_shorter_side
 
 # How the `content` column of a source holds its images.
@@ -33,7 +34,9 @@ def rgb_from_spark_image(data: bytes, height: int, width: int, channels: int) ->
     pixels = np.frombuffer(data, dtype=np.uint8).reshape(height, width, channels)
     if channels == 1:
         return np.repeat(pixels, 3, axis=2)
-    return np.ascontiguousarray(pixels[:, :, 2::-1])  # BGR(A) -> RGB, alpha dropped as PIL's RGBA->RGB does
+    if channels == 4:
+        return rgba_array_to_rgb(pixels[:, :, [2, 1, 0, 3]])  # BGRA -> RGBA, then on white as files are
+    return np.ascontiguousarray(pixels[:, :, ::-1])  # BGR -> RGB
 
 
 def rgb_from_npy(data: bytes) -> np.ndarray:
@@ -57,7 +60,9 @@ def rgb_from_array(array: np.ndarray) -> np.ndarray:
         raise ImageError(f"image array has shape {array.shape}; expected (H, W) or (H, W, 1|3|4)")
     if array.shape[2] == 1:
         return np.repeat(array, 3, axis=2)
-    return np.ascontiguousarray(array[:, :, :3])
+    if array.shape[2] == 4:
+        return rgba_array_to_rgb(array)
+    return np.ascontiguousarray(array)
 
 
 def preprocess_rgb(rgb: np.ndarray, prep: Preprocessing) -> np.ndarray:

@@ -57,6 +57,12 @@ def _gray_to_rgb(gray: np.ndarray) -> Image.Image:
     return Image.fromarray(gray, mode="L").convert("RGB")
 
 
+def rgba_array_to_rgb(rgba: np.ndarray) -> np.ndarray:
+    """(H, W, 4) RGBA uint8 pixels -> (H, W, 3) RGB, composited on white as decoded files are: an RGBA picture
+    gives the same model input from a file, Spark's image source or a NumPy array."""
+    return np.asarray(_on_white(Image.fromarray(np.ascontiguousarray(rgba), mode="RGBA")))
+
+
 def _on_white(rgba: Image.Image) -> Image.Image:
     if rgba.getchannel("A").getextrema() == (255, 255):
         return rgba.convert("RGB")  # opaque: nothing to composite

@@ -89,8 +89,10 @@ def test_udf_outputs_equal_the_mapinarrow_path_and_torch(spark, mixed_folder, mo
         np.testing.assert_allclose(row["logits"]["logits"], job["logits"], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(row["embedding"]["embedding"], job["embedding"], rtol=1e-5, atol=1e-5)
         assert (row["top1"]["label"], row["top1"]["score"]) == (job["label"], pytest.approx(job["score"]))
-        pairs = [(p["label"], p["score"]) for p in row["topk"]["topk"]]
-        assert pairs == [(p["label"], p["score"]) for p in job["topk"]]
+        # Scores may differ in the last bits: which images share a device batch changes float rounding.
+        assert [p["label"] for p in row["topk"]["topk"]] == [p["label"] for p in job["topk"]]
+        np.testing.assert_allclose([p["score"] for p in row["topk"]["topk"]], [p["score"] for p in job["topk"]],
+                                   rtol=1e-5, atol=1e-7)
         assert row["top1"]["label_name"] is None and row["topk"]["topk"][0]["label_name"] is None  # no labels
 
     # One model per executor: local[2] has one executor, so one sidecar served every task of the UDF.

@@ -28,6 +28,7 @@ from spark_cnn.formats.unischema import (
     loads_unischema,
     spark_type,
 )
+from spark_cnn.imaging.decode import decode_rgb
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.sources import matches_glob
@@ -121,8 +122,14 @@ def test_spark_image_rows_are_bgr_and_become_rgb():
     rgb = np.random.default_rng(1).integers(0, 256, (4, 6, 3), dtype=np.uint8)
     bgr = rgb[:, :, ::-1].tobytes()
     np.testing.assert_array_equal(rgb_from_spark_image(bgr, 4, 6, 3), rgb)
-    bgra = np.concatenate([rgb[:, :, ::-1], np.full((4, 6, 1), 7, np.uint8)], axis=2).tobytes()
-    np.testing.assert_array_equal(rgb_from_spark_image(bgra, 4, 6, 4), rgb)
+    opaque = np.concatenate([rgb[:, :, ::-1], np.full((4, 6, 1), 255, np.uint8)], axis=2).tobytes()
+    np.testing.assert_array_equal(rgb_from_spark_image(opaque, 4, 6, 4), rgb)
+    # Translucent pixels are composited on white, as a decoded RGBA file is: same model input either way.
+    rgba = np.concatenate([rgb, np.full((4, 6, 1), 7, np.uint8)], axis=2)
+    png = io.BytesIO()
+    Image.fromarray(rgba, mode="RGBA").save(png, format="PNG")
+    bgra = rgba[:, :, [2, 1, 0, 3]].tobytes()
+    np.testing.assert_array_equal(rgb_from_spark_image(bgra, 4, 6, 4), np.asarray(decode_rgb(png.getvalue())))
     gray = rgb[:, :, 0]
     np.testing.assert_array_equal(rgb_from_spark_image(gray.tobytes(), 4, 6, 1), np.stack([gray] * 3, axis=2))
     with pytest.raises(ImageError, match="could not decode"):
