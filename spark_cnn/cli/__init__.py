@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spark_cnn.cli import bench, classify, demo, perf
+from spark_cnn.cli import bench, bench_compare, classify, demo, perf
 from spark_cnn.errors import SparkCnnError
 
 EXIT_ERROR = 2
 
 # In the order `spark-cnn --help` lists them.
-COMMAND_MODULES = (classify, demo, bench, perf)
+COMMAND_MODULES = (classify, demo, bench_compare, bench, perf)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,13 +45,13 @@ def read_labels(path: str | None) -> tuple[str, ...] | None:
 
 def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
     """Run the classify job; returns the summary (also written as JSON). Raises SparkCnnError subclasses."""
-    from spark_cnn.models.resolve import resolve_endpoint  # torch: only the driver pays for it, and only here
+    from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated  # torch stays out of the driver
 
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
     _check_local_paths(input_uri, output_uri, config.overwrite)
     labels = read_labels(config.labels)
-    resolved = resolve_endpoint(config.model, top_k=config.top_k, logits=config.logits,
-                                embeddings=config.embeddings)
+    resolved = resolve_endpoint_isolated(config.model, top_k=config.top_k, logits=config.logits,
+                                         embeddings=config.embeddings)
     if labels is not None and len(labels) != resolved.num_classes:
         raise ConfigError(f"--labels {config.labels} has {len(labels)} names but the model has "
                           f"{resolved.num_classes} classes")
