@@ -60,7 +60,7 @@ class InferencePlan:
     launch: LaunchOptions
     job_id: str
     options: dict = field(default_factory=dict)  # runner.RunOptions fields: batch_size, precision, ...
-    decode: str = "task"  # task | sidecar | gpu
+    decode: str = "auto"  # auto | task | sidecar | gpu (auto: the sidecar picks, see sidecar/placement.py)
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
     request_rows: int = 16
@@ -84,8 +84,8 @@ class PartitionInference:
         self.stats = stats_accumulator
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        items = self._work_items(batches)
-        first = next(items, None)
+        batches = iter(batches)
+        first = next(batches, None)
         if first is None:
             return  # an empty partition never starts a sidecar
         plan = self.plan
@@ -93,7 +93,9 @@ class PartitionInference:
         info = ensure_sidecar(_with_task_device(plan.launch))
         with SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options,
                            decode=plan.decode) as client:
-            for (state, rows), reply in map_ordered(client, itertools.chain([first], items), plan.max_in_flight):
+            # With --decode auto the sidecar says in its READY where images are decoded (client.decode).
+            items = self._work_items(itertools.chain([first], batches), decode_here=client.decode == "task")
+            for (state, rows), reply in map_ordered(client, items, plan.max_in_flight):
                 if rows is None:
                     yield self._assemble(state)
                 elif isinstance(reply, SidecarError):
@@ -122,12 +124,11 @@ class PartitionInference:
         if rows:
             state.results.append((rows, reply))
 
-    def _work_items(self, batches: Iterator[pa.RecordBatch]):
+    def _work_items(self, batches: Iterator[pa.RecordBatch], *, decode_here: bool):
         """(state, rows), images per request; then (state, None), None to mark the end of each input batch.
 
         Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
         prep = self.plan.endpoint.preprocessing
-        decode_here = self.plan.decode == "task"
         for batch in batches:
             paths = batch.column(INPUT_COLUMNS[0]).to_pylist()
             contents = batch.column(INPUT_COLUMNS[1])
