@@ -77,7 +77,7 @@ def test_report_names_ratios_memory_and_targets(tmp_path):
              "details": {}}
     text = report.table(entry)
     assert "0.36" in text  # row / spark_cnn
-    verdicts = {line.split()[2]: line.rsplit(": ", 1)[1] for line in report.target_lines(entry)}
+    verdicts = {line.split(" / ")[1].split()[0]: line.rsplit(": ", 1)[1] for line in report.target_lines(entry)}
     assert verdicts == {"limit": "met)", "predict_batch_udf": "MISSED)", "bare": "met)", "pbu": "met)"}
     png = tmp_path / "bench.png"
     report.plot(str(png), [entry, {**entry, "model": "resnet18"}])
