@@ -122,7 +122,8 @@ class TreeMemorySampler:
         pids = descendants(self.root)
         by_pid = {pid: rss_bytes(pid) for pid in pids}
         rss = sum(by_pid.values())
-        pss_values = [pss_bytes(pid) for pid in pids]
+        # A process without resident memory (a zombie, or one that just exited) has no PSS to read either.
+        pss_values = [pss_bytes(pid) if by_pid[pid] else 0 for pid in pids]
         if rss > self.peak_rss:
             self.peak_rss = rss
             self.peak_rss_by_role = {}

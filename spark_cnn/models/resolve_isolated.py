@@ -9,15 +9,32 @@ checks in-process: it has paid the memory, and a child would only add its start-
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
+import threading
 
 from spark_cnn.errors import ModelError, SparkCnnError
 from spark_cnn.models.spec import ModelSpec
 
 # Importing torch on a loaded host takes seconds; loading a large model's weights can take a minute.
 RESOLVE_TIMEOUT_S = 300.0
+# Checked models by (spec, options, model and weight files' size and mtime): a notebook or a benchmark that runs
+# several jobs over one model pays for the child process once.
+_checked: dict = {}
+_checked_lock = threading.Lock()
+
+
+def _cache_key(spec: ModelSpec, options: dict) -> tuple:
+    stats = []
+    for path in (spec.source, spec.weights):
+        try:
+            st = os.stat(path) if path else None
+            stats.append((st.st_size, st.st_mtime_ns) if st else None)
+        except OSError:
+            stats.append(None)
+    return repr(spec), tuple(sorted(options.items())), tuple(stats)
 
 
 def resolve_endpoint_isolated(spec: ModelSpec, **options):
@@ -26,6 +43,17 @@ def resolve_endpoint_isolated(spec: ModelSpec, **options):
         from spark_cnn.models.resolve import resolve_endpoint
 
         return resolve_endpoint(spec, **options)
+    key = _cache_key(spec, options)
+    with _checked_lock:
+        if key in _checked:
+            return _checked[key]
+    resolved = _resolve_in_child(spec, options)
+    with _checked_lock:
+        _checked[key] = resolved
+    return resolved
+
+
+def _resolve_in_child(spec: ModelSpec, options: dict):
     try:
         proc = subprocess.run([sys.executable, "-m", "spark_cnn.models.resolve_isolated"],
                               input=pickle.dumps((spec, options)), capture_output=True, timeout=RESOLVE_TIMEOUT_S,
