@@ -3,10 +3,14 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 
 - bare: a plain PyTorch loop, as a user writes it without Spark: Pillow + torchvision transforms, batches of 32.
 - row: a pandas UDF that calls the model once per image (model cached per Python worker).
+
 - predict_batch_udf: Spark's own answer, batch_size 32, the model loaded in every Python worker.
 - spark_cnn: this project's classify job (sidecar, dynamic batching, tuned batch size, chosen decode place).
 - limit: decode alone on one core and the model alone (1 and all threads), combined into the best rate the
   machine's cores allow for the whole pipeline (see `pipeline_limit`).
+
+The two Spark baselines run as a user's job would: a SparkSession with Spark's defaults and the binaryFile
+source; spark_cnn runs its classify job with its own session settings (spark/session.py).
 
 Every variant preprocesses alike (RGB, shorter side 256, centre crop 224, ImageNet mean/std) and reports
 images/s over its measured run only: Spark variants first run the same job on a small warm-up folder, so
@@ -154,18 +158,29 @@ def _predict_batch_udf(name: str, weights: str):
         [StructField("label", IntegerType()), StructField("score", FloatType())]))
 
 
-def _run_spark_udf(task: VariantTask, make_udf) -> dict:
-    from spark_cnn.spark.session import spark_session
-    from spark_cnn.spark.sources import read_images
+def user_session(app_name: str):
+    """A SparkSession as a user starts one: Spark's defaults, only pointed at this interpreter (Python workers
+    need pyarrow) and with a quiet console."""
+    from pyspark.sql import SparkSession
 
+    from spark_cnn.spark.session import LOG4J2_CONFIG
+
+    return (SparkSession.builder.master(MASTER).appName(app_name)
+            .config("spark.pyspark.python", sys.executable).config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}")
+            .getOrCreate())
+
+
+def _run_spark_udf(task: VariantTask, make_udf) -> dict:
     workdir = tempfile.mkdtemp(prefix="scnb-")
-    spark = spark_session(master=MASTER, app_name=f"bench-{task.variant}", quiet=True)
+    spark = user_session(f"bench-{task.variant}")
     try:
         udf = make_udf(task.model, task.weights)
 
         def job(folder: str, out: str) -> float:
             started = time.perf_counter()
-            (read_images(spark, folder).select("path", udf("content").alias("p"))
+            images = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(folder)
+            (images.select("path", udf("content").alias("p"))
              .select("path", "p.label", "p.score").write.mode("overwrite").parquet(out))
             return time.perf_counter() - started
 
