@@ -3,7 +3,6 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 
 - bare: a plain PyTorch loop, as a user writes it without Spark: Pillow + torchvision transforms, batches of 32.
 - row: a pandas UDF that calls the model once per image (model cached per Python worker).
-
 - predict_batch_udf: Spark's own answer, batch_size 32, the model loaded in every Python worker.
 - spark_cnn: this project's classify job (sidecar, dynamic batching, tuned batch size, chosen decode place).
 - limit: decode alone on one core and the model alone (1 and all threads), combined into the best rate the
