@@ -164,6 +164,7 @@ def user_session(app_name: str):
 
     from spark_cnn.spark.session import LOG4J2_CONFIG
 
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # what a user of a virtual environment sets
     return (SparkSession.builder.master(MASTER).appName(app_name)
             .config("spark.pyspark.python", sys.executable).config("spark.ui.showConsoleProgress", "false")
             .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}")
