@@ -30,7 +30,8 @@ def add_classify_options(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--decode", default="auto", choices=["auto", "task", "sidecar", "gpu"],
                      help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG); auto: the "
                      "sidecar picks from its device, the decode cost and the model's predicted rate")
-    run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: half the cores)")
+    run.add_argument("--threads", type=int, help="torch CPU threads per compute thread of a CPU sidecar "
+                     "(default: half the cores; up to two compute threads cover the cores)")
     run.add_argument("--on-error", default="record", choices=["record", "fail"],
                      help="an unreadable image: record it in the error column, or fail the job")
     out = parser.add_argument_group("output")
