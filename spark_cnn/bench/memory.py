@@ -48,6 +48,22 @@ def _parents() -> dict[int, int]:
     return parents
 
 
+def _vm_and_rss(pid: int) -> tuple[int, int] | None:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            size, resident = f.read().split()[:2]
+        return int(size), int(resident)
+    except (OSError, ValueError):
+        return None
+
+
+def shares_parent_memory(pid: int, parent: int) -> bool:
+    """A child between vfork and exec (the JVM starts processes that way) reports its parent's memory as its
+    own; counting it would count the JVM twice."""
+    mine = _vm_and_rss(pid)
+    return mine is not None and mine[1] > 0 and mine == _vm_and_rss(parent)
+
+
 def descendants(root: int) -> list[int]:
     """Every live process below `root` (not `root` itself)."""
     children: dict[int, list[int]] = {}
@@ -120,6 +136,8 @@ class TreeMemorySampler:
 
     def sample(self) -> None:
         pids = descendants(self.root)
+        parents = _parents()
+        pids = [pid for pid in pids if not shares_parent_memory(pid, parents.get(pid, 0))]
         by_pid = {pid: rss_bytes(pid) for pid in pids}
         rss = sum(by_pid.values())
         # A process without resident memory (a zombie, or one that just exited) has no PSS to read either.
