@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-from-pyproject
 
-.PHONY: run test lint unit venv java clean
+.PHONY: run test lint unit bench venv java clean
 
 run: venv
 	$(BIN)/spark-cnn demo
@@ -15,6 +15,10 @@ test: venv
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
+
+# All variants, both models, about 15 minutes on a 2-core machine; run it on a quiet machine.
+bench: venv
+	$(BIN)/spark-cnn bench --json docs/bench.json --plot docs/bench.png
 
 lint: venv
 	$(BIN)/ruff check .

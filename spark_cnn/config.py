@@ -11,7 +11,7 @@ from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT, REPLY_TIMEOUT_S
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
-from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
+from spark_cnn.sidecar.options import DECODE_CHOICES, RunOptions
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 ON_ERROR_CHOICES = ("record", "fail")
@@ -69,7 +69,7 @@ class ClassifyConfig:
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
-    decode: str = "task"
+    decode: str = "auto"
     threads: int | None = None
     on_error: str = "record"
     summary: str | None = None
@@ -133,7 +133,7 @@ class InferenceOptions:
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
-    decode: str = "task"
+    decode: str = "auto"
     threads: int | None = None
     on_error: str = "record"
     request_rows: int = DEFAULT_REQUEST_ROWS
@@ -163,8 +163,8 @@ class InferenceOptions:
             raise ConfigError(f"--top-k {self.top_k}: expected a positive integer")
         if self.request_rows < 1 or self.max_in_flight < 1:
             raise ConfigError("request rows and requests in flight must be positive")
-        if self.decode not in DECODE_PLACES:
-            raise ConfigError(f"--decode {self.decode}: expected one of {', '.join(DECODE_PLACES)}")
+        if self.decode not in DECODE_CHOICES:
+            raise ConfigError(f"--decode {self.decode}: expected one of {', '.join(DECODE_CHOICES)}")
         if self.decode == "gpu" and self.device == "cpu":
             raise ConfigError("--decode gpu needs a CUDA device; drop --device cpu or decode in the tasks")
         if self.threads is not None and self.threads < 1:

@@ -16,6 +16,7 @@ import platform
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from spark_cnn.bench.images import bench_jpegs
+from spark_cnn.bench.tiny import IDENTITY_FACTORY
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar.client import SidecarClient, map_ordered
@@ -36,6 +38,7 @@ BENCH_IMAGES = 32
 # client sends more of them, so K clients can fill several device batches between them.
 ROWS_IN_FLIGHT_PER_CLIENT = 64
 CLIENT_START_TIMEOUT_S = 120.0
+IDENTITY_MODEL = "identity"  # --model identity: the serving ceiling, with a model that costs nearly nothing
 
 
 @dataclass(frozen=True)
@@ -127,19 +130,29 @@ def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_siz
     """The model alone, in this process, on ready-made batches: upload + forward + download per batch."""
     import torch
 
-    from spark_cnn.sidecar.runner import ModelRunner, cpu_threads, resolve_device
+    from spark_cnn.sidecar.runner import ModelRunner, cpu_compute_workers, cpu_threads, resolve_device
 
     runner = ModelRunner(endpoint, resolve_device(device), options)
     if runner.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.threads))  # the same count the sidecar ran with
+    workers = cpu_compute_workers(runner.device, cfg.threads)  # and as many batches side by side
     batch = pixels[np.arange(batch_size) % len(pixels)]
     for _ in range(3):
         runner.run(batch)  # warm-up: allocator, cuDNN autotuning, the precision probe
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < cfg.measure_s / 2:
-        runner.run(batch)
-        done += batch_size
-    return done / (time.perf_counter() - started)
+    done = [0] * workers
+    started = time.perf_counter()
+
+    def work(i: int) -> None:
+        while time.perf_counter() - started < cfg.measure_s / 2:
+            runner.run(batch)
+            done[i] += batch_size
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.perf_counter() - started)
 
 
 def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
@@ -156,9 +169,12 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
     app_id = f"bench-sidecar-{uuid.uuid4().hex[:8]}"
     try:
         torch.manual_seed(0)
-        weights = os.path.join(workdir, f"{cfg.model}.pt")
-        torch.save(torchvision.models.get_model(cfg.model, weights=None).state_dict(), weights)
-        endpoint = resolve_endpoint(ModelSpec(cfg.model, weights)).endpoint
+        if cfg.model == IDENTITY_MODEL:  # serving alone: a model that costs nearly nothing (bench/tiny.py)
+            endpoint = resolve_endpoint(ModelSpec(IDENTITY_FACTORY)).endpoint
+        else:
+            weights = os.path.join(workdir, f"{cfg.model}.pt")
+            torch.save(torchvision.models.get_model(cfg.model, weights=None).state_dict(), weights)
+            endpoint = resolve_endpoint(ModelSpec(cfg.model, weights)).endpoint
         files = bench_jpegs(BENCH_IMAGES)
         pixels = np.stack([preprocess_pixels(f, endpoint.preprocessing) for f in files])
         images = list(pixels) if cfg.decode == "task" else files

@@ -9,7 +9,9 @@ from spark_cnn.cli.common import write_json
 
 def register(commands) -> None:
     parser = commands.add_parser("bench-sidecar", help="dynamic batching on vs off vs the device alone (no Spark)")
-    parser.add_argument("--model", default="mobilenet_v3_small", help="torchvision model (random weights)")
+    parser.add_argument("--model", default="mobilenet_v3_small",
+                        help="torchvision model (random weights), or identity: a near-free model that measures what "
+                        "serving alone costs")
     parser.add_argument("--clients", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--request-size", type=int, default=1, help="images per request (default 1)")
     parser.add_argument("--batch-size", default="auto", help="target batch with batching on: auto or N")

@@ -59,9 +59,11 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                      help="NHWC memory layout (default: on for CUDA)")
     run.add_argument("--compile", action="store_true", help="torch.compile the model in the sidecar")
-    run.add_argument("--decode", default="task", choices=["task", "sidecar", "gpu"],
-                     help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG)")
-    run.add_argument("--threads", type=int, help="torch CPU threads in each sidecar (default: half the cores)")
+    run.add_argument("--decode", default="auto", choices=["auto", "task", "sidecar", "gpu"],
+                     help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG); auto: the "
+                     "sidecar picks from its device, the decode cost and the model's predicted rate")
+    run.add_argument("--threads", type=int, help="torch CPU threads per compute thread of a CPU sidecar "
+                     "(default: half the cores; up to two compute threads cover the cores)")
     run.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REPLY_TIMEOUT_S,
                      metavar="SECONDS", help="a sidecar that does not answer a request for this long is stopped "
                                              f"and the task retried (default: {REPLY_TIMEOUT_S:g})")

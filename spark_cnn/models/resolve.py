@@ -5,12 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.heads import Predictor
-from spark_cnn.models.loader import build_module, declared_preprocessing
 from spark_cnn.models.spec import DEFAULT_TOP_K, Endpoint, ModelSpec
 
 
@@ -27,6 +23,12 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
 
     `embedding_layer` names the module whose (spatially averaged) output is the embedding; None: the input
     of the last Linear layer."""
+    # torch loads here, not at import: a ResolvedModel unpickled from a child process must not pull it in
+    import torch
+
+    from spark_cnn.models.heads import Predictor
+    from spark_cnn.models.loader import build_module, declared_preprocessing
+
     module = build_module(spec.source, spec.weights)
     prep = spec.preprocessing_over(declared_preprocessing(module) or Preprocessing())
     if embedding_layer is not None and not embeddings:

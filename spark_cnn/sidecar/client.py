@@ -58,6 +58,8 @@ class SidecarClient:
             raise SidecarError(f"sidecar at {socket_path} refused the connection: {_message(reply)}")
         self.ready = reply.json()
         self.pid = self.ready.get("pid", pid)
+        # Where this connection's images are decoded: as asked, or the sidecar's pick when asked for `auto`.
+        self.decode = self.ready.get("decode") or decode
 
     def submit(self, images: np.ndarray | list[bytes]) -> int:
         """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""

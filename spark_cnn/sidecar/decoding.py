@@ -45,6 +45,21 @@ def decode_on_host(images: list[bytes], prep: Preprocessing, options: DecodeOpti
     return stacked, errors
 
 
+def gpu_decode_works(device: torch.device) -> bool:
+    """Whether nvJPEG decodes on `device` here (torchvision built with it, a driver that accepts it)."""
+    from PIL import Image
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 100, 50)).save(buf, format="JPEG")
+    try:
+        decode_jpeg(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8), mode=ImageReadMode.RGB,
+                    device=device)
+        return True
+    except Exception:
+        return False
+
+
 def resize_crop_tensor(image: torch.Tensor, prep: Preprocessing) -> torch.Tensor:
     """(3, H, W) uint8 on any device -> (crop, crop, 3) uint8: shorter side to `resize`, then centre crop."""
     _, height, width = image.shape

@@ -54,6 +54,11 @@ class FailoverClient:
         return self._client.ready
 
     @property
+    def decode(self) -> str:
+        """Where this connection's images are decoded: as asked, or the sidecar's pick for `auto`."""
+        return self._client.decode
+
+    @property
     def socket_path(self) -> str:
         return self._client.socket_path
 

@@ -22,7 +22,7 @@ from spark_cnn.errors import SidecarError
 
 class Kind(IntEnum):
     HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job", "batch_size" (null: auto)}
-    READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size"}
+    READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode)}
     INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row) or "encoded" (file bytes)
     RESULT = 4       # sidecar -> client, Arrow: one output row per input row, same order
     ERROR = 5        # sidecar -> client, JSON: {"message"}; request id 0 means the whole connection failed

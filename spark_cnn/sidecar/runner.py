@@ -8,6 +8,7 @@ batch n computes. On the CPU the stages are plain calls; the overlap there comes
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -55,6 +56,22 @@ def cpu_threads(requested: int | None) -> int:
     parallel regions stall whenever another process takes one of their cores.
     """
     return requested or max(1, (os.cpu_count() or 2) // 2)
+
+
+# Compute threads of a CPU sidecar, each with cpu_threads() torch threads (half the cores by default).
+CPU_COMPUTE_WORKERS = 2
+
+
+def cpu_compute_workers(device: torch.device, threads: int | None) -> int:
+    """Batches a sidecar computes side by side: on a CPU, enough workers of `cpu_threads(threads)` torch threads
+    to cover the cores (at most CPU_COMPUTE_WORKERS); one on a GPU (its streams overlap copies and compute).
+
+    Measured on the 2-core host (mobilenet_v3_small, spark-cnn bench-sidecar --clients 4): see docs/benchmarks.md.
+    """
+    if device.type != "cpu":
+        return 1
+    cores = os.cpu_count() or 1
+    return max(1, min(CPU_COMPUTE_WORKERS, cores // cpu_threads(threads)))
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -124,7 +141,9 @@ class ModelRunner:
                                    embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer)
         self.probe = PrecisionProbe() if options.precision == "auto" and self.cuda else None
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
-        self._lock = threading.Lock()  # the embedding hook keeps per-call state: one forward at a time
+        # The embedding hook keeps per-call state: one forward at a time then. Otherwise forwards may run side
+        # by side (the CPU sidecar's compute threads); the precision probe runs only on CUDA, with one thread.
+        self._lock = threading.Lock() if endpoint.embeddings else contextlib.nullcontext()
         self._oom_above = injected_oom_above_rows()  # a test's fault injection; None in real use
         if self._oom_above is not None:
             log.warning("fault injection on (%s): batches of more than %d rows fail with out-of-memory",

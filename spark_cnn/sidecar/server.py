@@ -28,12 +28,12 @@ from spark_cnn.imaging.options import DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.perf.tuner import OnlineTuner
 from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.decoding import decode_on_gpu, decode_on_host
+from spark_cnn.sidecar.decoding import decode_on_gpu, decode_on_host, gpu_decode_works
 from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
-from spark_cnn.sidecar.options import DECODE_PLACES, RunOptions
+from spark_cnn.sidecar.options import DECODE_CHOICES, RunOptions
 from spark_cnn.sidecar.procs import ProcessId, is_alive
 from spark_cnn.sidecar.protocol import Kind
-from spark_cnn.sidecar.runner import ModelRegistry, cpu_threads, resolve_device
+from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, cpu_threads, resolve_device
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.sidecar.stats import JobStats
 
@@ -137,16 +137,18 @@ class Connection:
             raise SidecarError("refused: wrong sidecar token")
         job = str(hello.get("job", ""))
         decode = hello.get("decode") or "task"
-        if decode not in DECODE_PLACES:
-            raise ConfigError(f"--decode {decode}: expected one of {', '.join(DECODE_PLACES)}")
+        if decode not in DECODE_CHOICES:
+            raise ConfigError(f"--decode {decode}: expected one of {', '.join(DECODE_CHOICES)}")
         if decode == "gpu" and self.server.device.type != "cuda":
             raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
         self.decode_options = DecodeOptions.from_dict(hello.get("decode_options"))
         service = self.server.service_for(Endpoint.from_json(hello["endpoint"]),
                                           RunOptions.from_dict(hello.get("options")))
-        self.server.job_started(job, service)
+        if decode == "auto":
+            decode = self.server.auto_decode(service)
+        self.server.job_started(job, service, decode)
         self.send_json(Kind.READY, frame.request_id, {"pid": os.getpid(), "device": str(self.server.device),
-                                                      "batch_size": service.target_rows,
+                                                      "batch_size": service.target_rows, "decode": decode,
                                                       "precision": service.runner.precision})
         return service, job, decode
 
@@ -195,6 +197,7 @@ class SidecarServer:
         self._registry = ModelRegistry(self.device)
         self._services: dict[tuple, ModelService] = {}
         self._job_services: dict[str, ModelService] = {}  # job -> its service: precision and tuning decide late
+        self._decode_choices: dict[int, object] = {}  # id(service) -> placement.DecodeChoice, for --decode auto
         self._services_lock = threading.Lock()
         self._connections = 0
         self._last_activity = time.monotonic()
@@ -217,15 +220,16 @@ class SidecarServer:
                 tuner = None
                 if not options.batch_size:
                     rows, tuner = self._auto_start(runner)
-                service = ModelService(runner, rows, self.stats, tuner=tuner)
+                service = ModelService(runner, rows, self.stats, tuner=tuner,
+                                       compute_workers=cpu_compute_workers(self.device, self.settings.threads))
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
                          "loaded" if loaded else "serving", endpoint.source, endpoint.fingerprint, self.device,
                          time.perf_counter() - started, rows, runner.precision, runner.channels_last)
             return service
 
-    def job_started(self, job: str, service: ModelService) -> None:
-        self.stats.start(job, service.target_rows, service.runner.precision)
+    def job_started(self, job: str, service: ModelService, decode: str | None = None) -> None:
+        self.stats.start(job, service.target_rows, service.runner.precision, decode=decode)
         with self._services_lock:
             self._job_services[job] = service
 
@@ -245,6 +249,27 @@ class SidecarServer:
             except Exception as e:  # the model is an aid here, never a reason not to serve
                 log.warning("no predicted batch size (%s: %s); starting from %d", type(e).__name__, e, start)
         return start, OnlineTuner(start, max_size=max(start, max_size), predicted=predicted)
+
+    def auto_decode(self, service: ModelService) -> str:
+        """Where `--decode auto` decodes for this service, decided once (sidecar/placement.py)."""
+        with self._services_lock:
+            choice = self._decode_choices.get(id(service))
+            if choice is None:
+                choice = self._choose_decode(service)
+                self._decode_choices[id(service)] = choice
+                log.info("decode in %s: %s", choice.place, choice.why)
+        return choice.place
+
+    def _choose_decode(self, service: ModelService):
+        from spark_cnn.perf.startpoint import cached_profile
+        from spark_cnn.sidecar.placement import choose_decode_place
+
+        cuda = self.device.type == "cuda"
+        profile = cached_profile(str(self.device), self.settings.threads) if cuda else None
+        predicted = service.tuner.predicted.get(service.target_rows) if service.tuner is not None else None
+        return choose_decode_place(self.device.type, gpu_decode_works=cuda and gpu_decode_works(self.device),
+                                   cores=os.cpu_count() or 1, decode_ms=profile.decode_ms if profile else None,
+                                   device_images_per_s=predicted)
 
     def describe(self, job: str) -> dict:
         snapshot = self.stats.snapshot(job)

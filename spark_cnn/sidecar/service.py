@@ -8,12 +8,18 @@ Each stage runs in its own thread, so assembling and uploading batch n+1 and del
 with computing batch n (torch releases the GIL while it computes). The assembler takes a batch from the
 queue only when the staged slot is free: while the device is busy, requests keep gathering in the queue and
 the next batch leaves fuller (taking it early would release partial batches at the 10 ms deadline).
+On a CPU several compute threads may run batches side by side (`compute_workers`, each with its own share of
+the cores): independent single-threaded forwards keep every core busy even when a Spark task takes one for a
+while, where one multi-threaded forward stalls at each OpenMP barrier. Batches are numbered as they are
+assembled and delivered in that order, so a request split across batches gets its rows back in order.
 Connections are any object with `send(kind, request_id, payload)` and
 `send_json(kind, request_id, dict)`, so the service runs in-process in tests without sockets.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import queue
 import threading
@@ -104,16 +110,20 @@ class ModelService:
 
     def __init__(self, runner: ModelRunner, target_rows: int, stats: JobStats, *,
                  max_delay_s: float = MAX_BATCH_DELAY_S, max_queued_batches: int = MAX_QUEUED_BATCHES,
-                 tuner: OnlineTuner | None = None):
+                 tuner: OnlineTuner | None = None, compute_workers: int = 1):
         self.runner = runner
         self.stats = stats
         self.tuner = tuner
+        self.compute_workers = max(1, compute_workers)
         self.queue = WorkQueue(target_rows, max_delay_s, max_queued_batches * target_rows)
         self._staged: queue.Queue = queue.Queue()
-        self._staged_slots = threading.Semaphore(STAGED_AHEAD)
-        self._computed: queue.Queue = queue.Queue(COMPUTED_AHEAD)
+        # One staged batch ahead per compute thread: each finds its next batch uploaded when it is done.
+        self._staged_slots = threading.Semaphore(STAGED_AHEAD + self.compute_workers - 1)
+        self._computed: queue.Queue = queue.Queue(COMPUTED_AHEAD + self.compute_workers - 1)
+        self._sequence = itertools.count()  # batch numbers, in assembly order (only the assembler draws them)
+        loops = [self._assemble_loop, *[self._compute_loop] * self.compute_workers, self._deliver_loop]
         self._threads = [threading.Thread(target=loop, name=f"{loop.__name__.strip('_')}", daemon=True)
-                         for loop in (self._assemble_loop, self._compute_loop, self._deliver_loop)]
+                         for loop in loops]
         for thread in self._threads:
             thread.start()
 
@@ -139,25 +149,27 @@ class ModelService:
             for s in batch:
                 if s.start == 0:
                     self.stats.queue_wait(s.request.job, now - s.request.arrived)
+            number = next(self._sequence)
             try:
                 staged = self.runner.upload(_concat([s.request.pixels[s.start:s.stop] for s in batch]))
             except Exception as e:
                 self._staged_slots.release()
                 self._fail(batch, e)
+                self._computed.put((number, None, None, None))  # the deliverer must not wait for this number
                 continue
-            self._staged.put((batch, staged))
+            self._staged.put((number, batch, staged))
 
     def _compute_loop(self) -> None:
         while True:
-            batch, staged = self._staged.get()
+            number, batch, staged = self._staged.get()
             self._staged_slots.release()
             started = time.perf_counter()
             try:
                 pending = self._forward_with_backoff(batch, staged)
             except Exception as e:
                 self._fail(batch, e)
-                continue
-            self._computed.put((batch, pending, started))
+                pending = None
+            self._computed.put((number, batch, pending, started))
 
     def _forward_with_backoff(self, batch: list[Slice], staged: Staged) -> Pending:
         """Forward the batch; on out-of-memory, run it in halves and lower the target for what follows."""
@@ -184,9 +196,21 @@ class ModelService:
                 part.done.synchronize()
         return Pending({k: torch.cat([p.outputs[k] for p in parts]) for k in parts[0].outputs})
 
-    def _deliver_loop(self) -> None:
+    def _in_order(self):
+        """Computed batches in assembly order (compute threads may finish them out of order)."""
+        waiting: list = []
+        expected = 0
         while True:
-            batch, pending, started = self._computed.get()
+            item = self._computed.get()
+            heapq.heappush(waiting, (item[0], id(item), item))
+            while waiting and waiting[0][0] == expected:
+                yield heapq.heappop(waiting)[2]
+                expected += 1
+
+    def _deliver_loop(self) -> None:
+        for _, batch, pending, started in self._in_order():
+            if pending is None:
+                continue  # failed upstream; its requests have their errors already
             try:
                 outputs = self.runner.download(pending)
             except Exception as e:

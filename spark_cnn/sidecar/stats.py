@@ -21,14 +21,15 @@ class JobStats:
 
     @staticmethod
     def _zero() -> dict:
-        return {"batch_size": None, "precision": None, "requests": 0, "images": 0, "batches": 0, "batch_rows": 0,
-                "errors": 0, "oom_backoffs": 0, "device_s": 0.0, "queue_wait_s": 0.0, "waits": 0,
+        return {"batch_size": None, "precision": None, "decode": None, "requests": 0, "images": 0, "batches": 0,
+                "batch_rows": 0, "errors": 0, "oom_backoffs": 0, "device_s": 0.0, "queue_wait_s": 0.0, "waits": 0,
                 "histogram": Counter()}
 
-    def start(self, job: str, batch_rows: int, precision: str) -> None:
+    def start(self, job: str, batch_rows: int, precision: str, decode: str | None = None) -> None:
         with self._lock:
             self._jobs[job]["batch_size"] = batch_rows
             self._jobs[job]["precision"] = precision
+            self._jobs[job]["decode"] = decode or self._jobs[job]["decode"]
 
     def request(self, job: str, rows: int) -> None:
         with self._lock:

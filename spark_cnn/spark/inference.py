@@ -68,7 +68,7 @@ class InferencePlan:
     launch: LaunchOptions
     job_id: str
     options: dict = field(default_factory=dict)  # runner.RunOptions fields: batch_size, precision, ...
-    decode: str = "task"  # task | sidecar | gpu
+    decode: str = "auto"  # auto | task | sidecar | gpu (auto: the sidecar picks, see sidecar/placement.py)
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
     decode_options: dict = field(default_factory=dict)  # imaging.DecodeOptions fields: the guard rails
@@ -154,16 +154,17 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
                   stats_accumulator=None) -> Iterator[_BatchState]:
     """Stream input batches (row names, image column) through this executor's sidecar; one state per batch.
 
-    The image column is binary (files: decoded here, or by the sidecar when `plan.decode` says so) or Spark
-    image structs (always resized here: they are pixels already). The sidecar starts with the first image, so
-    an empty partition never starts one. Shared by mapInArrow (PartitionInference) and the pandas UDF.
+    The image column is binary (files: decoded here, or by the sidecar when `plan.decode` says so; with
+    `auto` the sidecar says which in its READY) or decoded pixels (Spark image structs or rows, NumPy arrays:
+    always resized here). An empty partition never starts a sidecar. Shared by mapInArrow (PartitionInference)
+    and the pandas UDF.
     """
-    items = _work_items(plan, inputs)
-    first = next(items, None)
+    inputs = iter(inputs)
+    first = next(inputs, None)
     if first is None:
         return
-    decode = first[1]  # task | sidecar | gpu for this column: decided by its type and the plan, same every batch
-    items = itertools.chain([first], items)
+    pixels_given = pa.types.is_struct(first[1].type) or plan.encoding != ENCODED
+    decode = "task" if pixels_given else plan.decode  # decoded pixels never go as files
     endpoint = plan.endpoint.localised(_shipped_file)
     launch = _with_task_device(plan.launch)
 
@@ -173,7 +174,7 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
                              decode_options=plan.decode_options, timeout_s=plan.request_timeout_s, pid=info.pid)
 
     with FailoverClient(connect) as client:
-        work = (item for item, _ in items)
+        work = _work_items(plan, itertools.chain([first], inputs), decode_here=client.decode == "task")
         for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
             if rows is None:
                 yield state
@@ -205,10 +206,10 @@ def _take_reply(plan: InferencePlan, state: _BatchState, rows: list[int], reply:
         state.results.append((rows, reply))
 
 
-def _work_items(plan: InferencePlan, inputs: Iterator[tuple]):
-    """((state, rows), images), decode place per request; then ((state, None), None), decode to mark the end
-    of each input batch. `inputs` yields (row names, image column[, the whole record batch]); the batch, when
-    given, supplies image geometry (Spark image-source rows) and the columns `plan.carry` copies to the output.
+def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bool):
+    """((state, rows), images) per request; then ((state, None), None) to mark the end of each input batch.
+    `inputs` yields (row names, image column[, the whole record batch]); the batch, when given, supplies image
+    geometry (Spark image-source rows) and the columns `plan.carry` copies to the output.
 
     Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
     prep = plan.endpoint.preprocessing
@@ -217,10 +218,9 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple]):
         batch = whole[0] if whole else None
         structs = pa.types.is_struct(contents.type)
         pixels_given = plan.encoding != ENCODED  # decoded pixels (image source, NumPy arrays) never go as files
-        decode_here = structs or pixels_given or plan.decode == "task"
+        here = decode_here or structs or pixels_given
         geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
                     if pixels_given and batch is not None and "height" in batch.schema.names else None)
-        decode = "task" if decode_here else plan.decode
         carried = {name: batch.column(name) for name in plan.carry} if batch is not None else {}
         state = _BatchState(paths, [None] * len(paths), carried)
         rows: list[int] = []
@@ -235,7 +235,7 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple]):
                 elif pixels_given:
                     shape = [column[i] for column in geometry] if geometry else []
                     data = preprocess_rgb(decoded_rgb(plan.encoding, data, *shape), prep)
-                elif decode_here:
+                elif here:
                     data = preprocess_pixels(data, prep, decode_options)
                 else:
                     check_file_size(data, decode_options)  # refused here: never sent to the sidecar
@@ -247,11 +247,11 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple]):
             rows.append(i)
             images.append(data)
             if len(rows) == plan.request_rows:
-                yield ((state, rows), np.stack(images) if decode_here else images), decode
+                yield (state, rows), np.stack(images) if here else images
                 rows, images = [], []
         if rows:
-            yield ((state, rows), np.stack(images) if decode_here else images), decode
-        yield ((state, None), None), decode
+            yield (state, rows), np.stack(images) if here else images
+        yield (state, None), None
 
 
 def _shipped_file(name: str) -> str:

@@ -49,11 +49,12 @@ def read_labels(path: str | None) -> tuple[str, ...] | None:
 
 def check_model(options: InferenceOptions) -> CheckedModel:
     """Load the model on the driver's CPU, run one blank image through it, and check the labels fit."""
-    from spark_cnn.models.resolve import resolve_endpoint  # torch: only the driver pays for it, and only here
+    # torch stays out of the driver: the model loads in a child process (once per model and weight files)
+    from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated
 
     labels = read_labels(options.labels) if isinstance(options.labels, str) else options.labels
-    resolved = resolve_endpoint(options.model, top_k=options.top_k, logits=options.logits,
-                                embeddings=options.embeddings, embedding_layer=options.layer)
+    resolved = resolve_endpoint_isolated(options.model, top_k=options.top_k, logits=options.logits,
+                                         embeddings=options.embeddings, embedding_layer=options.layer)
     if labels is not None and len(labels) != resolved.num_classes:
         where = f" {options.labels}" if isinstance(options.labels, str) else ""
         raise ConfigError(f"--labels{where} has {len(labels)} names but the model has "

@@ -392,3 +392,14 @@ def test_stats_snapshot_is_a_copy():
 
     assert stats.snapshot("j")["histogram"] == {"4": 1}
     assert stats.snapshot("j")["batches"] == 1
+
+
+def test_cpu_sidecars_compute_up_to_two_batches_side_by_side(monkeypatch):
+    from spark_cnn.sidecar import runner as runner_module
+
+    monkeypatch.setattr(runner_module.os, "cpu_count", lambda: 2)
+    assert runner_module.cpu_compute_workers(torch.device("cpu"), None) == 2   # 2 x 1 thread
+    assert runner_module.cpu_compute_workers(torch.device("cpu"), 2) == 1      # one 2-thread forward
+    monkeypatch.setattr(runner_module.os, "cpu_count", lambda: 16)
+    assert runner_module.cpu_compute_workers(torch.device("cpu"), None) == 2   # 2 x 8 threads
+    assert runner_module.cpu_compute_workers(torch.device("cuda:0"), None) == 1

@@ -519,3 +519,46 @@ def test_the_online_tuner_moves_the_target_to_the_measured_best():
     assert tuner.settled and service.target_rows == tuner.target
     assert tuner.target >= 32, observed  # the per-batch cost makes bigger batches pay, up to a point
     assert observed[tuner.target] >= 0.97 * max(observed.values()), observed
+
+
+# --- parallel compute threads (CPU sidecars) ----------------------------------------------------------------------
+
+class JitteryRunner(FakeRunner):
+    """A fake whose batches take uneven time, so parallel compute threads finish them out of order."""
+
+    def __init__(self):
+        super().__init__()
+        self._rng = np.random.default_rng(5)
+        self._rng_lock = threading.Lock()
+        self.concurrent = self.max_concurrent = 0
+
+    def forward(self, staged: Staged) -> Pending:
+        with self._rng_lock:
+            delay = float(self._rng.uniform(0.0, 0.01))
+            self.concurrent += 1
+            self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        time.sleep(delay)
+        try:
+            return super().forward(staged)
+        finally:
+            with self._rng_lock:
+                self.concurrent -= 1
+
+
+def test_parallel_compute_threads_deliver_split_requests_exactly_and_in_order():
+    stats = JobStats()
+    runner = JitteryRunner()
+    service = ModelService(runner, 4, stats, compute_workers=3)
+    threads = 4
+    conns = [RecordingConnection() for _ in range(threads)]
+    # Requests of up to 11 rows against batches of 4: most are split across batches computed side by side.
+    batches = [mixed_requests(seed=20 + t, count=25, first_id=(t + 1) * 100, max_rows=11) for t in range(threads)]
+
+    run_producers(lambda t: submit_all(service, conns[t], batches[t]), threads)
+
+    for conn, requests in zip(conns, batches, strict=True):
+        assert conn.wait_for(len(requests)), f"only {conn.count} of {len(requests)} replies arrived"
+        for request_id, pixels in requests.items():
+            check_traceable(conn.result(request_id), row_ids(pixels))
+    assert runner.max_concurrent >= 2  # batches really were computed side by side
+    assert stats.snapshot(JOB)["errors"] == 0

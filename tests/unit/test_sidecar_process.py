@@ -270,6 +270,17 @@ def test_results_are_exact_and_in_request_order(shared, endpoint, reference):
         check_against_reference(reference, pixels, reply)
 
 
+def test_decode_auto_on_a_cpu_sidecar_decodes_in_the_tasks(shared, endpoint, reference):
+    _, info = shared
+    pixels = random_pixels(np.random.default_rng(8), 3)
+    with SidecarClient(info.socket, info.token, endpoint, job="auto-decode", decode="auto") as client:
+        assert client.decode == "task" and client.ready["decode"] == "task"
+        replies = dict(map_ordered(client, [("a", pixels)]))
+        stats = client.stats("auto-decode")
+    check_against_reference(reference, pixels, replies["a"])
+    assert stats["decode"] == "task"
+
+
 def test_concurrent_clients_each_get_their_own_results(shared, endpoint, reference):
     _, info = shared
     clients, requests_each = 6, 20

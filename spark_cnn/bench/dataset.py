@@ -1,0 +1,108 @@
+"""The `spark-cnn bench` dataset: JPEG crops of the photos scikit-image and scikit-learn ship, made once, cached.
+
+2,048 distinct 320x320 JPEGs are cut at random offsets from the colour photos both packages install (no
+download). A run that needs more images than that reads the same files again through hard links in further
+folders (`pass1/`, `pass2/`, ...): the same bytes, no extra disk, and every variant sees the same inputs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+from PIL import Image
+
+from spark_cnn.bench.images import BENCH_IMAGE_SIZE, JPEG_QUALITY
+
+DATASET_IMAGES = 2048
+# Bump when the images change, so an old cache is never mistaken for the new set.
+DATASET_VERSION = 1
+DEFAULT_DATA_DIR = os.path.join("~", ".cache", "spark_cnn", "bench")
+_SKIMAGE_PHOTOS = ("astronaut", "coffee", "rocket", "hubble_deep_field", "retina")
+_SKLEARN_PHOTOS = ("china.jpg", "flower.jpg")
+_DONE_MARKER = "_COMPLETE"  # written last: a folder without it was interrupted and is rebuilt
+
+
+def source_photos() -> dict[str, np.ndarray]:
+    """Colour photos (H, W, 3) uint8 at least BENCH_IMAGE_SIZE on each side, by name."""
+    photos = {}
+    try:
+        import skimage.data
+    except ImportError:
+        skimage = None
+    if skimage is not None:
+        for name in _SKIMAGE_PHOTOS:
+            try:
+                photos[f"skimage:{name}"] = getattr(skimage.data, name)()
+            except Exception:  # an older scikit-image without this photo, or one that must be downloaded
+                continue
+    from sklearn.datasets import load_sample_image
+
+    for name in _SKLEARN_PHOTOS:
+        photos[f"sklearn:{name}"] = load_sample_image(name)
+    return {name: photo for name, photo in photos.items()
+            if photo.ndim == 3 and photo.shape[2] == 3 and min(photo.shape[:2]) >= BENCH_IMAGE_SIZE}
+
+
+def make_jpegs(count: int, seed: int = 0) -> list[bytes]:
+    """`count` JPEGs of BENCH_IMAGE_SIZE px squares at random offsets, photos taken in turn."""
+    rng = np.random.default_rng(seed)
+    photos = list(source_photos().values())
+    files = []
+    for i in range(count):
+        photo = photos[i % len(photos)]
+        top = int(rng.integers(0, photo.shape[0] - BENCH_IMAGE_SIZE + 1))
+        left = int(rng.integers(0, photo.shape[1] - BENCH_IMAGE_SIZE + 1))
+        buf = io.BytesIO()
+        Image.fromarray(photo[top:top + BENCH_IMAGE_SIZE, left:left + BENCH_IMAGE_SIZE]).save(
+            buf, format="JPEG", quality=JPEG_QUALITY)
+        files.append(buf.getvalue())
+    return files
+
+
+def dataset_dir(data_dir: str = DEFAULT_DATA_DIR) -> str:
+    """The folder of DATASET_IMAGES JPEGs, generated on first use."""
+    folder = os.path.join(os.path.expanduser(data_dir), f"images-v{DATASET_VERSION}-{DATASET_IMAGES}")
+    if os.path.exists(os.path.join(folder, _DONE_MARKER)):
+        return folder
+    os.makedirs(folder, exist_ok=True)
+    for i, data in enumerate(make_jpegs(DATASET_IMAGES)):
+        with open(os.path.join(folder, f"img_{i:05d}.jpg"), "wb") as f:
+            f.write(data)
+    open(os.path.join(folder, _DONE_MARKER), "w").close()
+    return folder
+
+
+def dataset_files(folder: str) -> list[str]:
+    return sorted(os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".jpg"))
+
+
+def input_dir(images: int, data_dir: str = DEFAULT_DATA_DIR) -> str:
+    """A folder holding exactly `images` files: the dataset's first files, then passes over it again as
+    hard links (`pass1/`, ...). Spark reads it recursively; the plain loops list it the same way."""
+    source = dataset_dir(data_dir)
+    files = dataset_files(source)
+    folder = os.path.join(os.path.expanduser(data_dir), f"input-v{DATASET_VERSION}-{images}")
+    if os.path.exists(os.path.join(folder, _DONE_MARKER)):
+        return folder
+    for i in range(images):
+        part = os.path.join(folder, f"pass{i // len(files)}")
+        os.makedirs(part, exist_ok=True)
+        target = os.path.join(part, os.path.basename(files[i % len(files)]))
+        if not os.path.exists(target):
+            try:
+                os.link(files[i % len(files)], target)
+            except OSError:  # a filesystem without hard links: copy
+                with open(files[i % len(files)], "rb") as src, open(target, "wb") as dst:
+                    dst.write(src.read())
+    open(os.path.join(folder, _DONE_MARKER), "w").close()
+    return folder
+
+
+def input_files(folder: str) -> list[str]:
+    """Every image under `folder`, in a fixed order (what Spark's recursive listing reads too)."""
+    found = []
+    for root, _dirs, names in os.walk(folder):
+        found += [os.path.join(root, n) for n in names if n.endswith(".jpg")]
+    return sorted(found)

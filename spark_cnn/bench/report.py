@@ -1,0 +1,98 @@
+"""What `spark-cnn bench` prints and writes: a table per model, the targets, JSON, and a bar chart."""
+
+from __future__ import annotations
+
+import json
+
+from spark_cnn.bench.variants import VARIANTS
+
+# The issue's targets on the 2-core machine: (what, ratio needed, models it applies to; None: all).
+TARGETS = (
+    ("spark_cnn / limit", "spark_cnn", "limit", 0.9, None),
+    ("spark_cnn / predict_batch_udf", "spark_cnn", "predict_batch_udf", 1.8, ("mobilenet_v3_small",)),
+    ("spark_cnn / bare", "spark_cnn", "bare", 1.3, ("mobilenet_v3_small",)),
+)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def target_lines(entry: dict) -> list[str]:
+    """One line per target that applies to this model: the ratio measured and whether it is met."""
+    results, memory, lines = entry["results"], entry.get("memory_mb", {}), []
+    for name, top, bottom, needed, models in TARGETS:
+        if models is not None and entry["model"] not in models:
+            continue
+        ratio = _ratio(results.get(top), results.get(bottom))
+        verdict = "n/a" if ratio is None else ("met" if ratio >= needed else "MISSED")
+        lines.append(f"  {name:32s} {'n/a' if ratio is None else f'{ratio:.2f}':>6s}  (>= {needed}: {verdict})")
+    ours, theirs = memory.get("spark_cnn"), memory.get("predict_batch_udf")
+    if ours and theirs:
+        verdict = "met" if ours <= theirs else "MISSED"
+        lines.append(f"  {'memory spark_cnn / pbu':32s} {ours / theirs:6.2f}  (<= 1.0: {verdict})")
+    return lines
+
+
+def table(entry: dict) -> str:
+    results, memory, details = entry["results"], entry.get("memory_mb", {}), entry.get("details", {})
+    ours = results.get("spark_cnn")
+    lines = [f"{entry['model']}: {entry['images']} images per variant, master local[2], {entry['machine']}",
+             f"  {'variant':18s} {'images/s':>9s} {'x spark_cnn':>11s} {'peak MB (RSS)':>13s} {'seconds':>8s}"]
+    for variant in VARIANTS:
+        if variant not in results:
+            continue
+        rate = results[variant]
+        ratio = _ratio(rate, ours)
+        seconds = details.get(variant, {}).get("elapsed_s")
+        lines.append(f"  {variant:18s} {'failed' if rate is None else f'{rate:9.1f}':>9s} "
+                     f"{'' if ratio is None else f'{ratio:.2f}':>11s} "
+                     f"{'' if memory.get(variant) is None else f'{memory[variant]:.0f}':>13s} "
+                     f"{'' if seconds is None else f'{seconds:.1f}':>8s}")
+    limit = details.get("limit", {})
+    if limit.get("decode_per_s_one_core"):
+        model_rates = ", ".join(f"{t} thread(s) {r:.1f}" for t, r in limit["model_per_s_by_threads"].items())
+        lines.append(f"  limit = {limit['cores']} cores / (1/decode + min over threads t of t/model): decode "
+                     f"{limit['decode_per_s_one_core']:.1f} img/s on one core; model {model_rates} img/s "
+                     f"(batch {limit['model_batch_size']})")
+    ours_detail = details.get("spark_cnn", {})
+    if ours_detail.get("batch_size"):
+        lines.append(f"  spark_cnn: batch size {ours_detail['batch_size']}, mean batch "
+                     f"{ours_detail.get('mean_batch_size')}, decode in {ours_detail.get('decode')}")
+    return "\n".join(lines + target_lines(entry))
+
+
+def write_json(path: str, entries: list[dict]) -> None:
+    """One model: the entry itself (DESIGN.md's bench JSON); several: a list of entries, one per model."""
+    with open(path, "w") as f:
+        json.dump(entries[0] if len(entries) == 1 else entries, f, indent=2, default=str)
+
+
+def plot(path: str, entries: list[dict]) -> None:
+    """Grouped bars: images/s per variant, one group per model; `limit` hatched; ratios to spark_cnn on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(entries), figsize=(5.5 * len(entries), 4.2), squeeze=False)
+    colours = {"bare": "#8c8c8c", "row": "#c4a35a", "predict_batch_udf": "#d9822b", "spark_cnn": "#2b6cb0",
+               "limit": "#ffffff"}
+    for ax, entry in zip(axes[0], entries, strict=True):
+        names = [v for v in VARIANTS if entry["results"].get(v) is not None]
+        rates = [entry["results"][v] for v in names]
+        bars = ax.bar(names, rates, color=[colours[v] for v in names], edgecolor="black")
+        ours = entry["results"].get("spark_cnn")
+        for bar, name, rate in zip(bars, names, rates, strict=True):
+            if name == "limit":
+                bar.set_hatch("//")
+            label = f"{rate:.0f}" + (f"\n{rate / ours:.2f}x" if ours else "")
+            ax.annotate(label, (bar.get_x() + bar.get_width() / 2, rate), ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{entry['model']} ({entry['images']} images, local[2])", fontsize=10)
+        ax.set_ylabel("images/s")
+        ax.set_ylim(0, max(rates) * 1.25 if rates else 1)
+        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.suptitle(f"spark-cnn bench: {entries[0]['machine']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,55 @@
+"""`spark-cnn bench`: this project against a plain PyTorch loop, a row-at-a-time UDF and predict_batch_udf."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(commands) -> None:
+    from spark_cnn.bench.suite import DEFAULT_MODELS
+    from spark_cnn.bench.variants import VARIANTS
+
+    parser = commands.add_parser("bench", help="compare with a bare PyTorch loop, a row UDF and predict_batch_udf")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run (about 2 minutes): mobilenet_v3_small only, few images, short measurements")
+    parser.add_argument("--models", nargs="+", help=f"torchvision models (default: {' '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--images", type=int, help="images per variant (default: enough for 24 s at the limit rate)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                        help="which variants to run (default: all)")
+    parser.add_argument("--data-dir", help="where the generated images are cached (default ~/.cache/spark_cnn/bench)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="write a bar chart (PNG) here")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_cnn.bench.report import plot, table, write_json
+    from spark_cnn.bench.suite import DEFAULT_MODELS, BenchConfig, run_bench
+    from spark_cnn.errors import ConfigError
+
+    if args.images is not None and args.images < 1:
+        raise ConfigError(f"--images {args.images}: expected a positive number of images")
+    models = tuple(args.models or (("mobilenet_v3_small",) if args.quick else DEFAULT_MODELS))
+    _check_models(models)
+    config = BenchConfig(models=models, images=args.images, quick=args.quick, variants=tuple(args.variants),
+                         **({"data_dir": args.data_dir} if args.data_dir else {}))
+    entries = run_bench(config)
+    print()
+    print("\n\n".join(table(entry) for entry in entries))
+    if args.json:
+        write_json(args.json, entries)
+    if args.plot:
+        plot(args.plot, entries)
+    return 0
+
+
+def _check_models(models: tuple[str, ...]) -> None:
+    import torchvision
+
+    from spark_cnn.errors import ConfigError
+
+    known = set(torchvision.models.list_models(module=torchvision.models))
+    unknown = [m for m in models if m not in known]
+    if unknown:
+        raise ConfigError(f"--models {' '.join(unknown)}: not torchvision classification models "
+                          f"(e.g. mobilenet_v3_small, resnet18)")

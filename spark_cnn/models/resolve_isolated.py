@@ -1,0 +1,88 @@
+"""The driver's model check (`resolve_endpoint`) in a short-lived child process, so the driver never holds torch.
+
+Importing torch and torchvision costs a process ~650 MB of resident memory on CPU hosts (measured: 112 MB with
+pyspark, pandas and pyarrow loaded; 786 MB after torch, torchvision and a mobilenet_v3_small check). The driver
+needs the model only to check it before Spark starts; the sidecar holds the one copy that runs. So the check
+runs in a child that exits when it is done. A process that has torch loaded already (a notebook, the tests)
+checks in-process: it has paid the memory, and a child would only add its start-up time.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+
+from spark_cnn.errors import ModelError, SparkCnnError
+from spark_cnn.models.spec import ModelSpec
+
+# Importing torch on a loaded host takes seconds; loading a large model's weights can take a minute.
+RESOLVE_TIMEOUT_S = 300.0
+# Checked models by (spec, options, model and weight files' size and mtime): a notebook or a benchmark that runs
+# several jobs over one model pays for the child process once.
+_checked: dict = {}
+_checked_lock = threading.Lock()
+
+
+def _cache_key(spec: ModelSpec, options: dict) -> tuple:
+    stats = []
+    for path in (spec.source, spec.weights):
+        try:
+            st = os.stat(path) if path else None
+            stats.append((st.st_size, st.st_mtime_ns) if st else None)
+        except OSError:
+            stats.append(None)
+    return repr(spec), tuple(sorted(options.items())), tuple(stats)
+
+
+def resolve_endpoint_isolated(spec: ModelSpec, **options):
+    """`resolve_endpoint(spec, **options)`, run in a child process unless torch is already imported here."""
+    if "torch" in sys.modules:
+        from spark_cnn.models.resolve import resolve_endpoint
+
+        return resolve_endpoint(spec, **options)
+    key = _cache_key(spec, options)
+    with _checked_lock:
+        if key in _checked:
+            return _checked[key]
+    resolved = _resolve_in_child(spec, options)
+    with _checked_lock:
+        _checked[key] = resolved
+    return resolved
+
+
+def _resolve_in_child(spec: ModelSpec, options: dict):
+    try:
+        proc = subprocess.run([sys.executable, "-m", "spark_cnn.models.resolve_isolated"],
+                              input=pickle.dumps((spec, options)), capture_output=True, timeout=RESOLVE_TIMEOUT_S,
+                              check=False)
+    except subprocess.TimeoutExpired as e:
+        raise ModelError(f"checking --model {spec.source} took more than {RESOLVE_TIMEOUT_S:.0f} s") from e
+    if proc.returncode != 0 or not proc.stdout:
+        tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise ModelError(f"checking --model {spec.source} failed in a child process (exit {proc.returncode}): "
+                         f"{' | '.join(tail)}")
+    ok, value = pickle.loads(proc.stdout)
+    if not ok:
+        raise value
+    return value
+
+
+def _main() -> int:
+    spec, options = pickle.loads(sys.stdin.buffer.read())
+    from spark_cnn.models.resolve import resolve_endpoint
+
+    try:
+        answer = (True, resolve_endpoint(spec, **options))
+    except SparkCnnError as e:
+        answer = (False, e)
+    except Exception as e:  # anything else the model's own code raises: reported as a model error
+        answer = (False, ModelError(f"--model {spec.source}: {type(e).__name__}: {e}"))
+    sys.stdout.buffer.write(pickle.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

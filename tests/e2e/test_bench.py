@@ -1,0 +1,40 @@
+"""`spark-cnn bench --quick` runs every variant end to end (a smoke run: no thresholds) and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spark_cnn.bench.variants import VARIANTS
+
+pytestmark = pytest.mark.e2e
+# --quick takes about 2 minutes on an idle 2-core machine (three Spark sessions); a loaded one takes longer.
+QUICK_TIMEOUT_S = 900
+
+
+def test_bench_quick_reports_every_variant_with_memory_json_and_plot(tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "spark-cnn"), "bench", "--quick",
+                             "--json", str(out), "--plot", str(png)],
+                            capture_output=True, text=True, timeout=QUICK_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["model"] == "mobilenet_v3_small" and data["images"] > 0 and "CPU cores" in data["machine"]
+    assert set(data["results"]) == set(VARIANTS)
+    assert all(rate > 0 for rate in data["results"].values()), data["results"]
+    for variant in VARIANTS:
+        detail = data["details"][variant]
+        assert detail["leftover_processes"] == [], (variant, detail["leftover_processes"])
+        if variant != "limit":
+            assert detail["images"] == data["images"]  # every variant classified every image once
+            assert data["memory_mb"][variant] > 0
+    spark_cnn = data["details"]["spark_cnn"]
+    assert spark_cnn["errors"] == 0 and spark_cnn["decode"] == ["task"]  # --decode auto on a CPU
+    assert data["details"]["predict_batch_udf"]["peak_rss_mb_by_process"]["jvm"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for line in ("images/s", "x spark_cnn", "spark_cnn / limit"):
+        assert line in result.stdout

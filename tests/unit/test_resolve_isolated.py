@@ -1,0 +1,41 @@
+"""The driver's model check in a child process: same answer, same errors, cached, and torch never loads in the
+caller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from spark_cnn.models.demo import DIGITS_FACTORY
+
+SCRIPT = """
+import sys
+from spark_cnn.errors import ConfigError
+from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated
+from spark_cnn.models.spec import ModelSpec
+resolved = resolve_endpoint_isolated(ModelSpec(%(factory)r), top_k=3, logits=True)
+print(resolved.num_classes, resolved.endpoint.top_k, resolved.endpoint.logits, resolved.endpoint.fingerprint)
+print("cached:", resolve_endpoint_isolated(ModelSpec(%(factory)r), top_k=3, logits=True) is resolved)
+try:
+    resolve_endpoint_isolated(ModelSpec(%(factory)r), top_k=11)
+except ConfigError as e:
+    print("ConfigError", e)
+print("torch loaded:", "torch" in sys.modules)
+"""
+
+
+def test_child_process_check_matches_in_process_and_keeps_torch_out():
+    from spark_cnn.models.resolve import resolve_endpoint
+    from spark_cnn.models.spec import ModelSpec
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", SCRIPT % {"factory": DIGITS_FACTORY}], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first, cached, error, torch_line = out.stdout.strip().splitlines()
+    expected = resolve_endpoint(ModelSpec(DIGITS_FACTORY), top_k=3, logits=True)
+    assert first.split() == ["10", "3", "True", expected.endpoint.fingerprint]
+    assert cached == "cached: True"  # the same check again reuses the first answer
+    assert error.startswith("ConfigError --top-k 11")
+    assert torch_line == "torch loaded: False"
