@@ -1,6 +1,6 @@
 """Faults during real `spark-cnn classify` runs, each compared with the clean output of the same input (computed
 in-process by the same decoding and model code, tests/faults.py: a clean Spark run of it is compared in
-tests/integration/test_faults.py):
+tests/integration/test_job_faults.py):
 an executor JVM killed under local-cluster, an injected device out-of-memory, a sidecar that hangs (SIGSTOP)
 under local[2,2] (Spark retries a failed task once)."""
 
