@@ -9,6 +9,7 @@ checks in-process: it has paid the memory, and a child would only add its start-
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import subprocess
@@ -53,6 +54,24 @@ def resolve_endpoint_isolated(spec: ModelSpec, **options):
     return resolved
 
 
+class _OwnClassesUnpickler(pickle.Unpickler):
+    """Reads what the child (our own code) wrote, and only that: this package's classes and plain values.
+    A global that is not one of our classes is refused, so the channel cannot be used to call functions."""
+
+    def find_class(self, module: str, name: str):
+        if module == "builtins" and name in ("tuple", "list", "dict", "set", "frozenset"):
+            return super().find_class(module, name)
+        if module.startswith("spark_cnn."):
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from the model-check process")
+
+
+def _loads(data: bytes):
+    return _OwnClassesUnpickler(io.BytesIO(data)).load()
+
+
 def _resolve_in_child(spec: ModelSpec, options: dict):
     try:
         proc = subprocess.run([sys.executable, "-m", "spark_cnn.models.resolve_isolated"],
@@ -64,14 +83,14 @@ def _resolve_in_child(spec: ModelSpec, options: dict):
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
         raise ModelError(f"checking --model {spec.source} failed in a child process (exit {proc.returncode}): "
                          f"{' | '.join(tail)}")
-    ok, value = pickle.loads(proc.stdout)
+    ok, value = _loads(proc.stdout)
     if not ok:
         raise value
     return value
 
 
 def _main() -> int:
-    spec, options = pickle.loads(sys.stdin.buffer.read())
+    spec, options = _loads(sys.stdin.buffer.read())
     from spark_cnn.models.resolve import resolve_endpoint
 
     try:

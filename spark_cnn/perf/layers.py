@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_leaves
 
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.perf.op_costs import OpCost, op_cost
+from spark_cnn.perf.tracing import FX_GATE
 
 __all__ = ["DEFAULT_DTYPE_BYTES", "DEFAULT_INPUT_SHAPE", "LayerCost", "ModelCost", "analyse"]
 
@@ -270,7 +271,8 @@ def _parameter_bytes(module: nn.Module, dtype_bytes: int) -> int:
 def _trace_fx_or_hooks(module: nn.Module, image: torch.Tensor, dtype_bytes: int) -> tuple[_Recording, tuple]:
     name = type(module).__name__
     try:
-        graph_module = torch.fx.symbolic_trace(module)
+        with FX_GATE.tracing():  # fx patches nn.Module.__call__ process-wide: no forward may run meanwhile
+            graph_module = torch.fx.symbolic_trace(module)
     except Exception as e:  # fx raises many kinds: TraceError, TypeError, NotImplementedError, ...
         note = f"torch.fx could not trace {name} ({type(e).__name__}: {e}); used forward hooks"
         return _record(_run_hooks, module, image, dtype_bytes, name=name), (note,)

@@ -22,6 +22,7 @@ from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
+from spark_cnn.perf.tracing import FX_GATE
 from spark_cnn.sidecar.faults import INJECT_OOM_ENV, injected_oom_above_rows
 from spark_cnn.sidecar.options import RunOptions
 
@@ -173,7 +174,7 @@ class ModelRunner:
         """Normalise, run the model and its heads; start copying the outputs back without waiting."""
         if self._oom_above is not None and len(staged.pixels) > self._oom_above:
             raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
-        with self._lock, torch.inference_mode():
+        with FX_GATE.forward(), self._lock, torch.inference_mode():  # never while another model is fx-traced
             pixels = staged.pixels
             if staged.ready is not None:
                 stream = torch.cuda.current_stream(self.device)

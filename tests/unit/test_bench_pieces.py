@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from PIL import Image
 
-from spark_cnn.bench import dataset, memory, report, suite
+from spark_cnn.bench import dataset, report, suite
 from spark_cnn.bench.variants import pipeline_limit
 
 
@@ -53,21 +53,35 @@ def test_run_size_gives_every_variant_the_steady_seconds_at_the_limit_rate():
     assert suite.images_for(100.0, suite.BenchConfig(quick=True)) == suite.QUICK_IMAGES
 
 
+# Run in a child process: the sampler watches, adopts and kills its own process tree, which in pytest's process
+# would include every other test's Spark JVM and sidecars.
+SAMPLER_SCENARIO = """
+import json, os, subprocess, sys, time
+from spark_cnn.bench import memory
+
+memory.become_subreaper()
+# A child that allocates ~200 MB, and an orphaned grandchild that outlives it (as a sidecar outlives the
+# Spark worker that started it); the subreaper adopts the grandchild.
+script = ("import subprocess, sys, time; "
+          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
+          "x = bytearray(200 << 20); time.sleep(1.5)")
+with memory.TreeMemorySampler(interval_s=0.1) as sampler:
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+started = time.monotonic()
+killed = memory.reap_leftovers(grace_s=0.5)
+print(json.dumps({"peak_rss": sampler.peak_rss, "peak_processes": sampler.peak_processes, "killed": killed,
+                  "left": memory.descendants(os.getpid()), "reap_s": time.monotonic() - started}))
+"""
+
+
 def test_sampler_counts_the_whole_tree_and_leftovers_are_killed_and_named():
-    memory.become_subreaper()
-    # A child that allocates ~200 MB, and an orphaned grandchild that outlives it (as a sidecar outlives the
-    # Spark worker that started it); the subreaper adopts the grandchild.
-    script = ("import subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
-              "x = bytearray(200 << 20); time.sleep(1.5)")
-    with memory.TreeMemorySampler(interval_s=0.1) as sampler:
-        subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
-    assert sampler.peak_rss >= 200 << 20
-    assert sampler.peak_processes >= 2
-    started = time.monotonic()
-    killed = memory.reap_leftovers(grace_s=0.5)
-    assert len(killed) == 1 and "time.sleep(60)" in killed[0]
-    assert memory.descendants(os.getpid()) == [] and time.monotonic() - started < 10
+    done = subprocess.run([sys.executable, "-c", SAMPLER_SCENARIO], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["peak_rss"] >= 200 << 20
+    assert seen["peak_processes"] >= 2
+    assert len(seen["killed"]) == 1 and "time.sleep(60)" in seen["killed"][0]
+    assert seen["left"] == [] and seen["reap_s"] < 10
 
 
 def test_report_names_ratios_memory_and_targets(tmp_path):
