@@ -33,7 +33,21 @@ def digits(demo_assets, tmp_path_factory) -> str:
     return digits_subset(demo_assets, str(tmp_path_factory.mktemp("digits")), per_class=60)
 
 
-def test_sigkill_of_the_sidecar_mid_job_gives_the_clean_runs_output(spark, demo_assets, digits, tmp_path):
+@pytest.fixture
+def many_partitions(spark):
+    """~30 digits per partition (20 tasks) instead of Spark's packing of small files into two: the kill must
+    land with some tasks committed and others still to run."""
+    key = "spark.sql.files.maxPartitionBytes"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, str(8 * 1024 * 1024))
+    try:
+        yield
+    finally:
+        spark.conf.set(key, previous)
+
+
+def test_sigkill_of_the_sidecar_mid_job_gives_the_clean_runs_output(spark, demo_assets, digits, tmp_path,
+                                                                    many_partitions):
     spec = ModelSpec(DIGITS_FACTORY, demo_assets.weights)
     clean_output, fault_output = str(tmp_path / "clean"), str(tmp_path / "fault")
     clean = classify(ClassifyConfig(digits, clean_output, spec, logits=True), spark=spark)
