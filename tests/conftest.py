@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 
 import pytest
+
+
+@contextlib.contextmanager
+def _private_dir_in_env(variable: str, prefix: str):
+    """A fresh temporary directory named by `variable` in this process's environment (children inherit it),
+    the previous value restored and the directory removed afterwards."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    previous = os.environ.get(variable)
+    os.environ[variable] = folder
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = previous
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -15,17 +33,8 @@ def private_device_cache():
     calibrated must not change which batch size tests start from."""
     from spark_cnn.perf.startpoint import CACHE_DIR_ENV
 
-    folder = tempfile.mkdtemp(prefix="spark_cnn_devices_")
-    previous = os.environ.get(CACHE_DIR_ENV)
-    os.environ[CACHE_DIR_ENV] = folder
-    try:
+    with _private_dir_in_env(CACHE_DIR_ENV, "spark_cnn_devices_") as folder:
         yield folder
-    finally:
-        if previous is None:
-            os.environ.pop(CACHE_DIR_ENV, None)
-        else:
-            os.environ[CACHE_DIR_ENV] = previous
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,17 +43,8 @@ def private_runtime_dir():
     so concurrent runs on one machine never see each other's sidecars."""
     from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV
 
-    folder = tempfile.mkdtemp(prefix="spark_cnn_run_")
-    previous = os.environ.get(RUNTIME_DIR_ENV)
-    os.environ[RUNTIME_DIR_ENV] = folder
-    try:
+    with _private_dir_in_env(RUNTIME_DIR_ENV, "spark_cnn_run_") as folder:
         yield folder
-    finally:
-        if previous is None:
-            os.environ.pop(RUNTIME_DIR_ENV, None)
-        else:
-            os.environ[RUNTIME_DIR_ENV] = previous
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
