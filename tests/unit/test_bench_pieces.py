@@ -7,11 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from PIL import Image
 
-from spark_cnn.bench import dataset, report, suite
+from spark_cnn.bench import dataset, memory, report, suite
 from spark_cnn.bench.variants import pipeline_limit
 
 
@@ -82,6 +83,23 @@ def test_sampler_counts_the_whole_tree_and_leftovers_are_killed_and_named():
     assert seen["peak_processes"] >= 2
     assert len(seen["killed"]) == 1 and "time.sleep(60)" in seen["killed"][0]
     assert seen["left"] == [] and seen["reap_s"] < 10
+
+
+def test_sampler_reads_pss_at_most_once_a_second():
+    # PSS costs ~25 ms of CPU per read of a Spark tree: read on every sample, it slowed the variant measured.
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50 << 20); time.sleep(30)"])
+    try:
+        time.sleep(0.5)
+        sampler = memory.TreeMemorySampler()
+        started = time.monotonic()
+        for _ in range(10):
+            sampler.sample()
+        assert time.monotonic() - started < memory.PSS_MIN_INTERVAL_S
+        assert sampler.samples == 10 and sampler.pss_reads == 1
+        assert sampler.peak_pss is not None and sampler.peak_rss >= 50 << 20
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_report_names_ratios_memory_and_targets(tmp_path):
