@@ -17,9 +17,12 @@ from spark_cnn.imaging.preprocess import Preprocessing, center_crop, resize_shor
 
 # How the `content` column of a source holds its images.
 ENCODED = "encoded"          # image files (JPEG, PNG, ...): decoded in the task or the sidecar
+LOCAL_FILES = "local_files"  # no content: the task reads the image file `path` names (a local or shared mount)
 SPARK_IMAGE = "spark_image"  # Spark's image source: BGR(A)/gray uint8 rows with height, width, channels
 NPY = "npy"                  # numpy.save bytes of a uint8 (H, W), (H, W, 1|3|4) array
-ENCODINGS = (ENCODED, SPARK_IMAGE, NPY)
+ENCODINGS = (ENCODED, LOCAL_FILES, SPARK_IMAGE, NPY)
+# Encodings whose images are files (decoded by the task or the sidecar), as opposed to decoded pixels.
+FILE_ENCODINGS = (ENCODED, LOCAL_FILES)
 NPY_MAGIC = b"\x93NUMPY"
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import warnings
 
 from PIL import Image, UnidentifiedImageError
@@ -88,6 +89,21 @@ def check_file_size(data: bytes, options: DecodeOptions = DEFAULT_DECODE) -> Non
         raise ImageError("empty file (0 bytes)")
     if len(data) > options.max_file_bytes:
         raise ImageError(f"file too large: {len(data)} bytes, more than --max-file-bytes {options.max_file_bytes}")
+
+
+def read_image_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes:
+    """The bytes of a local image file; an empty, oversized (checked before reading) or unreadable file
+    raises ImageError, so it costs its row only."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > options.max_file_bytes:
+                raise ImageError(f"file too large: {size} bytes, more than --max-file-bytes {options.max_file_bytes}")
+            data = f.read()
+    except OSError as e:
+        raise ImageError(f"cannot read file: {type(e).__name__}: {e.strerror or e}") from e
+    check_file_size(data, options)
+    return data
 
 
 def check_pixels(width: int, height: int, options: DecodeOptions = DEFAULT_DECODE) -> None:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
-from spark_cnn.formats.pixels import ENCODED, decoded_rgb, preprocess_rgb
+from spark_cnn.formats.pixels import ENCODED, FILE_ENCODINGS, LOCAL_FILES, decoded_rgb, preprocess_rgb
 from spark_cnn.imaging.decode import check_file_size
 from spark_cnn.imaging.image_struct import preprocess_image_struct
 from spark_cnn.imaging.options import DecodeOptions
@@ -29,6 +29,7 @@ from spark_cnn.sidecar.failover import FailoverClient
 from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.sidecar.protocol import ERROR_COLUMN
 from spark_cnn.spark.stats import sidecar_key
+from spark_cnn.spark.storage import read_listed_file
 
 INPUT_COLUMNS = ("path", "content")
 NULL_IMAGE = "the row has no image (null)"
@@ -163,7 +164,7 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
     first = next(inputs, None)
     if first is None:
         return
-    pixels_given = pa.types.is_struct(first[1].type) or plan.encoding != ENCODED
+    pixels_given = pa.types.is_struct(first[1].type) or plan.encoding not in FILE_ENCODINGS
     decode = "task" if pixels_given else plan.decode  # decoded pixels never go as files
     endpoint = plan.endpoint.localised(_shipped_file)
     launch = _with_task_device(plan.launch)
@@ -217,7 +218,8 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
     for paths, contents, *whole in inputs:
         batch = whole[0] if whole else None
         structs = pa.types.is_struct(contents.type)
-        pixels_given = plan.encoding != ENCODED  # decoded pixels (image source, NumPy arrays) never go as files
+        pixels_given = plan.encoding not in FILE_ENCODINGS  # decoded pixels (image source, NumPy) never go as files
+        read_here = plan.encoding == LOCAL_FILES  # the source listed the files; their bytes are read here
         here = decode_here or structs or pixels_given
         geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
                     if pixels_given and batch is not None and "height" in batch.schema.names else None)
@@ -226,8 +228,8 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
         rows: list[int] = []
         images: list = []
         for i, path in enumerate(paths):
-            data = contents[i].as_py()
             try:
+                data = read_listed_file(path, decode_options) if read_here else contents[i].as_py()
                 if data is None:  # a table row without an image: still one output row
                     raise ImageError(NULL_IMAGE)
                 if structs:

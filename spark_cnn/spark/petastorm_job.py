@@ -20,11 +20,11 @@ from pyspark.sql import functions as F
 from spark_cnn.config import PetastormConfig
 from spark_cnn.errors import ImageError, InputError
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import ENCODED, decoded_rgb
+from spark_cnn.formats.pixels import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.spark.classify_job import _check_local_paths, _staging_uri, _task_error
 from spark_cnn.spark.session import spark_session
 from spark_cnn.spark.sources import TRUE_LABEL, open_source
-from spark_cnn.spark.storage import HadoopFS, to_uri
+from spark_cnn.spark.storage import HadoopFS, read_listed_file, to_uri
 
 MIB = 1 << 20
 
@@ -46,7 +46,8 @@ class PetastormEncoder:
             images, errors = [], []
             for i, path in enumerate(paths):
                 try:
-                    rgb = self._rgb(contents[i].as_py(), [column[i] for column in geometry] if geometry else [])
+                    data = read_listed_file(path) if self.encoding == LOCAL_FILES else contents[i].as_py()
+                    rgb = self._rgb(data, [column[i] for column in geometry] if geometry else [])
                     images.append(petastorm.encode_image(rgb, self.codec, jpeg_quality=self.jpeg_quality))
                     errors.append(None)
                 except ImageError as e:
@@ -67,7 +68,7 @@ class PetastormEncoder:
     def _rgb(self, data: bytes | None, geometry: list):
         if data is None:
             raise ImageError("the row has no image (null)")
-        if self.encoding == ENCODED:
+        if self.encoding in FILE_ENCODINGS:
             import numpy as np
 
             from spark_cnn.imaging.preprocess import decode_rgb

@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from spark_cnn.config import InputOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import ENCODED, SPARK_IMAGE
+from spark_cnn.formats.pixels import ENCODED, LOCAL_FILES, SPARK_IMAGE
 from spark_cnn.spark.storage import local_path
 
 IMAGE_ROW_SCHEMA = "path string, content binary"
@@ -66,8 +66,13 @@ def open_source(spark: SparkSession, input_uri: str, options: InputOptions | Non
             raise ConfigError(f"{', '.join(named)} {verb} to parquet and petastorm inputs, but {input_uri} holds "
                               "image files")
     if fmt == "images":
-        return ImageSource(with_folder_labels(spark, read_images(spark, input_uri, glob=options.glob), input_uri),
-                           "images", ENCODED, has_labels=True)
+        # Local (or shared-mount) files are read by the tasks: Spark only lists them. Reading them in the JVM
+        # (binaryFile content) and handing the bytes to Python costs the JVM more CPU per image than Spark's whole
+        # remaining work (docs/benchmarks.md); other filesystems are read by Spark.
+        in_tasks = local_path(input_uri) is not None
+        files = read_images(spark, input_uri, glob=options.glob, content=not in_tasks)
+        return ImageSource(with_folder_labels(spark, files, input_uri), "images",
+                           LOCAL_FILES if in_tasks else ENCODED, has_labels=True)
     if fmt == "image":
         return ImageSource(with_folder_labels(spark, read_spark_images(spark, input_uri, glob=options.glob),
                                               input_uri), "image", SPARK_IMAGE, has_labels=True)
@@ -150,14 +155,17 @@ def is_hidden(name: str) -> bool:
     return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
 
 
-def read_images(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> DataFrame:
+def read_images(spark: SparkSession, input_uri: str, *, glob: str | None = None, content: bool = True) -> DataFrame:
     """Every visible file under `input_uri` (recursively; names matching `glob`), as (path, content),
-    including zero-byte files."""
-    files = (_file_reader(spark, "binaryFile", glob).load(input_uri).select("path", "content"))
+    including zero-byte files. `content=False`: a null `content`, so Spark lists the files without reading
+    them (binaryFile reads a file only when its content column is used) and the task reads `path` itself."""
+    files = _file_reader(spark, "binaryFile", glob).load(input_uri)
+    files = files.select("path", "content" if content else F.lit(None).cast("binary").alias("content"))
     empty = empty_files(spark, input_uri, glob=glob)
     if not empty:
         return files
-    return files.unionByName(spark.createDataFrame([(path, b"") for path in empty], IMAGE_ROW_SCHEMA))
+    return files.unionByName(spark.createDataFrame([(path, b"" if content else None) for path in empty],
+                                                   IMAGE_ROW_SCHEMA))
 
 
 def read_spark_images(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> DataFrame:
