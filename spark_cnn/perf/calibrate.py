@@ -3,9 +3,10 @@
 `calibrate("cpu")` times generic operators on the device, with the thread count the sidecar uses, and never
 the network being predicted (nor any torchvision model):
 
-- convolutions over a grid of shapes (regular k=1/3/5/7/11, strided, depthwise, grouped; 3 to 1024 channels,
-  7 to 224 pixels) at a small and a medium batch, and the fixed cost of one call (weights reordered per call);
-- linear layers (GEMMs) from 256 to 9216 inputs at 1, 8 and 64 rows;
+- convolutions over a grid of shapes (regular k=1/3/5/7/11, strided, depthwise, grouped; 3 to 2048 channels,
+  1 to 224 pixels) at a small and a medium batch, those with small outputs also at a large one, and the fixed
+  cost of one call (weights reordered per call);
+- linear layers (GEMMs) from 256 to 9216 inputs at 1 to 64 rows;
 - elementwise, normalisation, pooling, concatenation and copy operators at sizes from 4 KB to 50 MB, which
   give their per-call overhead, their cache and memory bandwidth in one curve per operator;
 - the cost of fresh memory pages (a first touch faults them in, a free returns them), which large batches pay
@@ -48,17 +49,23 @@ __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE
            "Timing", "calibrate", "default_threads", "device_key", "measure"]
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again.
-PROFILE_VERSION = 1
+# 2: convolutions with small outputs also at LARGE_CONV_BATCH, GEMMs also at 2 and 4 rows.
+PROFILE_VERSION = 2
 # The issue allows 60 s on a CPU; 45 s leaves room for a loaded machine (each point stops at its deadline).
 DEFAULT_BUDGET_S = 45.0
 # The issue allows 30 s on a GPU: a CUDA calibration is capped at 25 s whatever budget it is given.
 GPU_MAX_BUDGET_S = 25.0
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "spark_cnn", "devices")
 
-# Share of the budget per section, in the order they run. The convolution grid gets most: convolutions are
-# most of a CNN's time and their efficiency varies most with shape.
-SECTION_SHARES = {"faults": 0.04, "curves": 0.22, "conv": 0.52, "gemm": 0.10, "sidecar": 0.05, "decode": 0.04,
-                  "h2d": 0.03}
+# Share of the budget per section, in the order they run; a section gets its share plus what earlier ones
+# left, never what later ones would leave. The convolution grid gets most (conv + conv_large): convolutions
+# are most of a CNN's time and their efficiency varies most with shape. Sized from the sections' times in a
+# 29 s calibration at load 0.4 to 2 (faults 0.8 s, curves 11.6, conv 8.5, conv_large 5.2, gemm 2.2, sidecar
+# 0.1, decode 1.6): at the default budget each section's deadline is at least 1.38 times when it ended
+# there. The curves, first, get the most headroom: at 0.22 they had skipped 8 to 30 points; at load 3 they
+# needed ~20 s (skipped points are the sign of a busy host: calibrate on a quiet one).
+SECTION_SHARES = {"faults": 0.04, "curves": 0.36, "conv": 0.26, "conv_large": 0.14, "gemm": 0.08, "sidecar": 0.03,
+                  "decode": 0.05, "h2d": 0.04}
 # Calls timed per point after one warm-up; the minimum is kept. 3 was the fewest that, on the noisy 2-core
 # development host, gave the same table twice within a few per cent; calls over LONG_CALL_S get 2, and
 # calls short enough get up to MAX_REPEATS within SHORT_CALLS_S.
@@ -70,11 +77,22 @@ WARMUP = 1
 # Convolutions are timed at a small and a medium batch: per-image time changes with the batch (weights are
 # reordered once per call; large activations leave the cache), and the time model interpolates in between.
 CONV_BATCHES = (1, 8)
+# ... and at a large batch where the output is small: oneDNN's GEMM has batch x out_hw^2 rows, which at
+# 7-14 px and batch 8 are too few to run at full speed. Sized from checks of grid shapes (one thread, thread
+# CPU time, min of 2-3, load 0.8 to 2), per image at batch 32 against 8: regular 3x3 -13 to -16% at 7 px, -2
+# to -4.5% at 13-14 px, -2 to +1% at 28 px, 0% at 56 px; oneDNN pointwise (from batch 16 to 32) -2 to -9% at
+# 7 px, -1 to -2% at 14-28 px. Depthwise and grouped convolutions are left out: memory-bound, they got no
+# cheaper where large (+10 to +65% at 7-14 px; two depthwise shapes at 7 px -10%, within a 26% spread).
+LARGE_CONV_BATCH = 32
+LARGE_CONV_MAX_OUT_HW = 14
 # A GPU needs larger batches to fill: timed where the sidecar runs it (its auto batch on CUDA is 64).
 CUDA_CONV_BATCHES = (8, 64)
 # 1x1 convolutions at batch >= 16 run on oneDNN instead of a GEMM per image (one thread): timed there too.
 POINTWISE_ONEDNN_BATCH = 16
-GEMM_ROWS = (1, 8, 64)
+# Rows of the GEMM table. 2 and 4: a large linear layer at a few rows streams its weights from DRAM, which
+# interpolating between 1 and 8 rows missed (alexnet at batch 2 -19.7%); their 18 points add 0.3 s (the
+# section alone: 1.02 s of CPU time at rows 1, 8, 64, 1.29 s with 2 and 4, load 1.7).
+GEMM_ROWS = (1, 2, 4, 8, 64)
 # Elementwise sizes: 64 channels of s x s pixels, 4 KB to 51 MB at fp32 (1 to 12.8 M elements).
 CURVE_SIDES = (4, 14, 28, 56, 112, 224, 448)
 FAULT_PROBE_BYTES = (48 << 20, 96 << 20)   # above glibc's largest mmap threshold (32 MiB): fresh pages every call
@@ -649,8 +667,15 @@ def _conv_point(bench: _Bench, cin: int, cout: int, kernel: int, stride: int, gr
             "faults": min(timing.faults)}
 
 
+def _large_batch(cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int) -> bool:
+    """Whether a grid shape is timed at LARGE_CONV_BATCH too (CPU): not depthwise nor grouped, small output."""
+    return groups == 1 and (in_hw + 2 * (kernel // 2) - kernel) // stride + 1 <= LARGE_CONV_MAX_OUT_HW
+
+
 def _convolutions(bench: _Bench, threads: int) -> tuple[list[dict], float, float]:
-    """The grid at CONV_BATCHES (and pointwise at the oneDNN batch), then the fixed cost per call."""
+    """The fixed cost per call, the grid at CONV_BATCHES (and pointwise at the oneDNN batch), then, in a
+    section of its own so that a small budget keeps the whole grid at the smaller batches first, the shapes
+    with small outputs at LARGE_CONV_BATCH (CPU only)."""
     weight_points = []
     for channels in CONV_WEIGHT_PROBES:  # first, so a tiny budget still fits the fixed cost
         conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False).eval().to(bench.device)
@@ -668,6 +693,9 @@ def _convolutions(bench: _Bench, threads: int) -> tuple[list[dict], float, float
     for shape_points in bench.points("conv", work):
         for *shape, batch in shape_points:
             points.append(_conv_point(bench, *shape, batch=batch, threads=threads))
+    large = [] if bench.cuda else [shape for shape in CONV_GRID if _large_batch(*shape)]
+    for shape in bench.points("conv_large", large):
+        points.append(_conv_point(bench, *shape, batch=LARGE_CONV_BATCH, threads=threads))
     return points, call_us, weight_us
 
 

@@ -62,7 +62,10 @@ CHANNEL_BLOCK = 16
 NEIGHBOURS = 4
 SOFTENING = 0.05
 # Feature weights of the convolution interpolation, per log2 unit: channels and size matter most; the batch
-# changes per-image time little once the fixed cost is taken out.
+# changes per-image time little once the fixed cost is taken out. The batch's 0.5 was re-checked with the
+# batch-32 points of profile version 2 by leave-one-out over the calibrated grid (never a network): call-time
+# error 12.1% at 0.5 against 12.4-13.6% at 0.25-2.0 leaving one point out, tied best (12.7%) leaving out
+# a whole shape (docs/perf-model.md, "Calibration").
 CONV_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0, 1.5, 1.5, 0.5])
 GEMM_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0])
 # Nominal rates that normalise linear layers before interpolation (a roofline's two roofs; calibrated points

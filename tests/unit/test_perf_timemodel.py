@@ -14,8 +14,15 @@ from torch import nn
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.demo import DigitsCNN
+from spark_cnn.perf import calibrate as calibration
 from spark_cnn.perf import timemodel
 from spark_cnn.perf.calibrate import (
+    CONV_BATCHES,
+    CONV_GRID,
+    GEMM_ROWS,
+    LARGE_CONV_BATCH,
+    LARGE_CONV_MAX_OUT_HW,
+    POINTWISE_ONEDNN_BATCH,
     PROFILE_VERSION,
     DeviceProfile,
     calibrate,
@@ -50,23 +57,46 @@ def _conv_us(cin, cout, kernel, stride, groups, in_hw, batch):
     return out_hw, 20.0 + flops / (GFLOPS * 1e3)
 
 
-def synthetic_profile(**changes) -> DeviceProfile:
-    """A device where every measurement follows a simple law, so predictions can be checked by hand."""
-    sizes = [4096.0 * 4**i for i in range(8)]
-    curves = {kind: tuple((s, CALL_US + s * US_PER_BYTE) for s in sizes) for kind in CURVE_KINDS}
+def synthetic_conv(large_batch_speedup: float = 1.0) -> tuple[dict, ...]:
+    """Convolutions at the batches calibration times them at (CONV_BATCHES; stride-1 pointwise also at
+    POINTWISE_ONEDNN_BATCH; small outputs also at LARGE_CONV_BATCH), all at GFLOPS except the
+    LARGE_CONV_BATCH points, whose work runs `large_batch_speedup` times faster."""
     conv = []
     for cin, cout, kernel, stride, groups in [(16, 16, 3, 1, 1), (64, 64, 3, 1, 1), (256, 256, 3, 1, 1),
                                               (64, 128, 3, 2, 1), (64, 256, 1, 1, 1), (256, 64, 1, 1, 1),
                                               (96, 96, 3, 1, 96), (3, 64, 7, 2, 1), (48, 48, 3, 1, 6)]:
         for in_hw in (14, 56):
-            for batch in (1, 8, 16):
-                out_hw, us = _conv_us(cin, cout, kernel, stride, groups, in_hw, batch)
+            shape = (cin, cout, kernel, stride, groups, in_hw)
+            batches = list(CONV_BATCHES)
+            if kernel == 1 and groups == 1 and stride == 1:
+                batches.append(POINTWISE_ONEDNN_BATCH)
+            if calibration._large_batch(*shape):
+                batches.append(LARGE_CONV_BATCH)
+            for batch in batches:
+                out_hw, us = _conv_us(*shape, batch)
+                if batch == LARGE_CONV_BATCH:
+                    us = 20.0 + (us - 20.0) / large_batch_speedup
                 backend = conv_backend(cin, (kernel,) * 2, (stride,) * 2, (1, 1), groups, batch, (in_hw,) * 2, 1)
                 conv.append({"cin": cin, "cout": cout, "kernel": kernel, "stride": stride, "groups": groups,
                              "in_hw": in_hw, "out_hw": out_hw, "batch": batch, "backend": backend, "us": us,
                              "faults": 0})
-    gemm = [{"rows": r, "in_features": i, "out_features": o, "us": 2 * r * i * o / (GFLOPS * 1e3)}
-            for r in (1, 8, 64) for i, o in ((256, 1000), (1024, 1000), (4096, 4096))]
+    return tuple(conv)
+
+
+def synthetic_gemm(slow_rows: dict[int, float] | None = None) -> tuple[dict, ...]:
+    """nn.Linear at every GEMM_ROWS count, at GFLOPS; `slow_rows`: rows -> how many times slower."""
+    slow_rows = slow_rows or {}
+    return tuple({"rows": r, "in_features": i, "out_features": o,
+                  "us": 2 * r * i * o / (GFLOPS * 1e3) * slow_rows.get(r, 1.0)}
+                 for r in GEMM_ROWS for i, o in ((256, 1000), (1024, 1000), (4096, 4096)))
+
+
+def synthetic_profile(**changes) -> DeviceProfile:
+    """A device where every measurement follows a simple law, so predictions can be checked by hand."""
+    sizes = [4096.0 * 4**i for i in range(8)]
+    curves = {kind: tuple((s, CALL_US + s * US_PER_BYTE) for s in sizes) for kind in CURVE_KINDS}
+    conv = synthetic_conv()
+    gemm = synthetic_gemm()
     fields = dict(key="synthetic", device="cpu", threads=1, created="2026-01-01T00:00:00+00:00",
                   device_name="synthetic", torch_version=torch.__version__, calibration_s=0.0, budget_s=0.0,
                   fault_us_per_page=0.0, mmap_threshold_bytes=32 << 20,
@@ -131,6 +161,10 @@ def test_calibrate_is_cached_and_refreshable(tmp_path):
     first = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))
     assert torch.get_num_threads() == threads  # restored
     assert first.threads == 1 and first.conv and first.gemm and first.curves
+    # each section times its first point whatever the budget: the large batch and every GEMM row count
+    large = [p for p in first.conv if p["batch"] == LARGE_CONV_BATCH]
+    assert large and all(p["groups"] == 1 and p["out_hw"] <= LARGE_CONV_MAX_OUT_HW for p in large)
+    assert {g["rows"] for g in first.gemm} == set(GEMM_ROWS) and {2, 4} <= set(GEMM_ROWS)
     assert first.calibration_s < 10
     path = tmp_path / f"{first.key}.json"
     assert path.exists()
@@ -206,6 +240,43 @@ def test_conv_time_follows_the_calibrated_rate(profile):
         assert bound == "compute"
 
 
+def _conv_work_per_image_us(profile, cost, batch):
+    (ms,) = [ms for layer, ms, _ in predict_layers_ms(cost, profile, batch) if layer.op == "conv2d"]
+    return (ms * 1e3 - profile.conv_call_us) / batch
+
+
+def test_large_batch_points_lower_the_per_image_conv_cost_above_8(profile):
+    # A device whose small-output convolutions run 25% faster per image at LARGE_CONV_BATCH (a GEMM of
+    # batch x 14 x 14 rows that fills with the batch). A calibrated shape reads its own points: batch 32 the
+    # faster rate, 16 between 8 and 32 (interpolated in log2(batch)), 64 the batch-32 rate (inverse-distance
+    # weighting holds the nearest value, it extrapolates no slope). Without those points it is flat above 8.
+    faster = synthetic_profile(conv=synthetic_conv(large_batch_speedup=1.25))
+    cost = analyse(nn.Sequential(nn.Conv2d(256, 256, 3, padding=1, bias=False)), (256, 14, 14))
+    flops = cost.layers[0].flops
+    flat = {b: _conv_work_per_image_us(profile, cost, b) for b in (8, 16, 32, 64)}
+    assert all(us == pytest.approx(flops / (GFLOPS * 1e3), rel=0.01) for us in flat.values())
+    work = {b: _conv_work_per_image_us(faster, cost, b) for b in (8, 16, 32, 64)}
+    assert work[8] == pytest.approx(flat[8], rel=0.02)
+    assert work[32] == pytest.approx(flat[32] / 1.25, rel=0.03)
+    assert work[32] < 0.97 * work[16] and work[16] < 0.97 * work[8]
+    assert work[64] == pytest.approx(work[32], rel=0.03)
+    # a shape between grid points (128 channels, neighbours 64 and 256) gets part of their slope, never more
+    between = analyse(nn.Sequential(nn.Conv2d(128, 128, 3, padding=1, bias=False)), (128, 14, 14))
+    ratio = _conv_work_per_image_us(faster, between, 32) / _conv_work_per_image_us(faster, between, 8)
+    assert 1 / 1.25 - 0.01 < ratio < 0.98
+
+
+def test_only_small_output_dense_convolutions_are_timed_at_the_large_batch():
+    large = [shape for shape in CONV_GRID if calibration._large_batch(*shape)]
+    for cin, cout, kernel, stride, groups, in_hw in CONV_GRID:
+        out_hw = (in_hw + 2 * (kernel // 2) - kernel) // stride + 1
+        chosen = (cin, cout, kernel, stride, groups, in_hw) in large
+        assert chosen == (groups == 1 and out_hw <= LARGE_CONV_MAX_OUT_HW)
+    assert 20 <= len(large) <= 40  # the section's share is sized for about 31 of them
+    kinds = [("pointwise" if kernel == 1 else "kxk") for _, _, kernel, *_ in large[:3]]
+    assert set(kinds) == {"pointwise", "kxk"}  # a prefix (a small budget) spans both kinds
+
+
 def test_elementwise_layers_read_their_curve(profile):
     cost = analyse(nn.Sequential(nn.BatchNorm2d(16), nn.ReLU(inplace=True)), (16, 32, 32))
     rows = {layer.name: ms for layer, ms, _ in predict_layers_ms(cost, profile, 8)}
@@ -222,6 +293,23 @@ def test_linear_interpolates_gemms(profile):
     linear = next(layer for layer in cost.layers if layer.op == "linear")
     rows = {layer.name: ms for layer, ms, _ in predict_layers_ms(cost, profile, 8)}
     assert rows[linear.name] * 1e3 == pytest.approx(2 * 8 * 1024 * 1000 / (GFLOPS * 1e3), rel=0.05)
+
+
+def test_linear_at_2_and_4_rows_reads_those_gemms(profile):
+    # A device whose 2- and 4-row GEMMs are slow (a large layer streams its weights for a few rows): batch 2
+    # and 4 of a calibrated shape read them. With rows 1, 8 and 64 only, even a device that follows the law
+    # exactly is mispredicted at 2 rows (the roofline-normalised cost bends between 1 and 8 rows).
+    slow = synthetic_profile(gemm=synthetic_gemm({2: 2.0, 4: 1.5}))
+    cost = analyse(nn.Sequential(nn.Flatten(), nn.Linear(4096, 4096)), (4096,))
+    linear = next(layer for layer in cost.layers if layer.op == "linear")
+    def ratio(p, batch):
+        rows = {layer.name: ms for layer, ms, _ in predict_layers_ms(cost, p, batch)}
+        return rows[linear.name] * 1e3 / (2 * batch * 4096 * 4096 / (GFLOPS * 1e3))
+    assert ratio(slow, 2) > 1.8 and ratio(slow, 4) > 1.35
+    assert ratio(slow, 8) < 1.1 and ratio(slow, 1) < 1.1
+    assert ratio(profile, 2) == pytest.approx(1.0, rel=0.02) and ratio(profile, 4) == pytest.approx(1.0, rel=0.02)
+    sparse = synthetic_profile(gemm=tuple(g for g in synthetic_gemm() if g["rows"] in (1, 8, 64)))
+    assert abs(ratio(sparse, 2) - 1.0) > 0.1
 
 
 def test_time_grows_with_batch_and_threads_change_the_backend(profile, digits_cost):
