@@ -10,9 +10,12 @@ the network being predicted (nor any torchvision model):
 - elementwise, normalisation, pooling, concatenation and copy operators at sizes from 4 KB to 50 MB, which
   give their per-call overhead, their cache and memory bandwidth in one curve per operator;
 - the cost of fresh memory pages (a first touch faults them in, a free returns them), which large batches pay
-  on every call because the allocator maps big tensors fresh each time;
+  on every call in a process with glibc's malloc defaults (which map big tensors fresh each time);
 - the sidecar's own input normalisation and output heads, image decoding per core, and on CUDA the
   host-to-device copy.
+
+The benchmarks run in a process with the sidecar's malloc settings (spark_cnn.perf.allocator), as the
+sidecar and validation do: calibrate() starts one when the calling process has other settings.
 
 Every timing is the minimum of repeated calls after a warm-up, under `torch.inference_mode`. Each also counts
 the minor page faults of one call; the profile stores times *without* their faults (count x cost per fault),
@@ -30,10 +33,13 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import platform
 import re
 import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -50,7 +56,7 @@ __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again.
 # 2: convolutions with small outputs also at LARGE_CONV_BATCH, GEMMs also at 2 and 4 rows.
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 # The issue allows 60 s on a CPU; 45 s leaves room for a loaded machine (each point stops at its deadline).
 DEFAULT_BUDGET_S = 45.0
 # The issue allows 30 s on a GPU: a CUDA calibration is capped at 25 s whatever budget it is given.
@@ -377,6 +383,8 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
             pass  # unreadable or of another version: measure again and overwrite
     if resolved.type == "cuda":
         budget_s = min(budget_s, GPU_MAX_BUDGET_S)
+    elif _needs_sidecar_allocator():
+        return _calibrate_in_child(device, threads, float(budget_s), path, clock)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -389,6 +397,40 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
         f.write(profile.to_json())
     os.replace(partial, path)
     return profile
+
+
+# Set in the child calibrate() starts with the sidecar's malloc settings: it measures in-process, whatever
+# allocator_of() says (a C library other than glibc never reads those settings).
+_IN_CHILD_ENV = "SPARK_CNN_CALIBRATION_CHILD"
+
+
+def _needs_sidecar_allocator() -> bool:
+    """True when this process's malloc is not the sidecar's (its settings apply only from a process's start).
+
+    Large tensors behave differently under the two: with glibc's defaults a 49 MB batch norm input is mapped
+    afresh each call, and even with its page faults taken out it measured 152 us/MB, against 72 us/MB under
+    the sidecar's settings (development host, one thread); max pooling 687 against 429. A profile measured
+    so over-predicted every validation network at batch 64 by 5-6%."""
+    from spark_cnn.perf.allocator import RETAINED, allocator_of
+    return os.environ.get(_IN_CHILD_ENV) != "1" and platform.libc_ver()[0] == "glibc" and allocator_of() != RETAINED
+
+
+def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str) -> DeviceProfile:
+    """calibrate() in a fresh process started with the sidecar's malloc settings; it writes the cache file."""
+    from spark_cnn.perf.allocator import sidecar_environment
+    env = sidecar_environment()
+    env[_IN_CHILD_ENV] = "1"
+    code = ("import sys; from spark_cnn.perf.calibrate import calibrate; "
+            "calibrate(sys.argv[1], threads=int(sys.argv[2]), budget_s=float(sys.argv[3]), "
+            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5])")
+    done = subprocess.run([sys.executable, "-c", code, device, str(threads), repr(budget_s),
+                           os.path.dirname(path), clock], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"calibrate: the calibration process failed ({tail[0]}); run it in-process with "
+                          f"{_IN_CHILD_ENV}=1 to see the whole error")
+    with open(path) as f:
+        return DeviceProfile.from_json(f.read())
 
 
 # --- the benchmarks ------------------------------------------------------------------------------------------
@@ -483,6 +525,9 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
                   for section, n in budget.skipped.items())
     if clock != "wall":
         notes += (f"clock: {clock} (thread CPU time); {time.perf_counter() - wall_start:.1f} s wall",)
+    if device.type == "cpu":
+        from spark_cnn.perf.allocator import allocator_of
+        notes += (f"allocator: {allocator_of()}",)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return DeviceProfile(key=key, device=str(device), threads=threads,
                          created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device_name=name,
@@ -499,7 +544,9 @@ GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
 
 
 def _fault_cost(bench: _Bench) -> tuple[float, int]:
-    """Microseconds per fresh page: a new tensor filled and freed, minus the same fill of a kept tensor."""
+    """Microseconds per fresh page: a tensor on a new anonymous mapping filled and unmapped, minus the same fill
+    of a kept tensor. The mapping is made here, not by malloc: under the sidecar's malloc settings (which
+    calibration runs with) malloc never maps and never returns memory, so its tensors would not fault."""
     if bench.cuda:
         return 0.0, 0
     costs = []
@@ -507,13 +554,23 @@ def _fault_cost(bench: _Bench) -> tuple[float, int]:
         numel = nbytes // 4
         kept = torch.empty(numel)
         reuse = bench.time(lambda kept=kept: kept.fill_(1.0))
-        fresh = bench.time(lambda numel=numel: torch.empty(numel).fill_(1.0))
+        fresh = bench.time(lambda nbytes=nbytes: _fill_fresh_mapping(nbytes))
         for seconds, faults in zip(fresh.seconds, fresh.faults, strict=True):
             if faults >= 0.5 * numel * 4 / PAGE_BYTES:
                 costs.append(max(seconds - reuse.best_s, 0.0) * 1e6 / faults)
         del kept
     costs.sort()
     return (costs[len(costs) // 2] if costs else 0.0), GLIBC_MMAP_THRESHOLD_MAX
+
+
+def _fill_fresh_mapping(nbytes: int) -> None:
+    pages = mmap.mmap(-1, nbytes)
+    try:
+        view = torch.frombuffer(pages, dtype=torch.float32)
+        view.fill_(1.0)
+        del view
+    finally:
+        pages.close()
 
 
 # Per-kind elementwise benchmarks: side -> (call, fresh inputs). Tensors are (1, 64, s, s); in-place kinds act

@@ -16,6 +16,7 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.models.demo import DigitsCNN
 from spark_cnn.perf import calibrate as calibration
 from spark_cnn.perf import timemodel
+from spark_cnn.perf.allocator import GLIBC, allocator_of
 from spark_cnn.perf.calibrate import (
     CONV_BATCHES,
     CONV_GRID,
@@ -166,6 +167,9 @@ def test_calibrate_is_cached_and_refreshable(tmp_path):
     assert large and all(p["groups"] == 1 and p["out_hw"] <= LARGE_CONV_MAX_OUT_HW for p in large)
     assert {g["rows"] for g in first.gemm} == set(GEMM_ROWS) and {2, 4} <= set(GEMM_ROWS)
     assert first.calibration_s < 10
+    # pytest runs with glibc's malloc defaults: the benchmarks ran in a child with the sidecar's settings
+    assert allocator_of() == GLIBC and "allocator: retained" in first.notes
+    assert first.fault_us_per_page > 0  # fresh pages are probed with explicit mappings, not through malloc
     path = tmp_path / f"{first.key}.json"
     assert path.exists()
     assert calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path)).created == first.created
