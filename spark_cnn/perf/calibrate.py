@@ -56,6 +56,7 @@ __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again.
 # 2: convolutions with small outputs also at LARGE_CONV_BATCH, GEMMs also at 2 and 4 rows.
+# 3: measured with the sidecar's malloc settings; grouped convolutions at LARGE_CONV_BATCH; curves to 105 MB.
 PROFILE_VERSION = 3
 # The issue allows 60 s on a CPU; 45 s leaves room for a loaded machine (each point stops at its deadline).
 DEFAULT_BUDGET_S = 45.0
@@ -87,8 +88,9 @@ CONV_BATCHES = (1, 8)
 # 7-14 px and batch 8 are too few to run at full speed. Sized from checks of grid shapes (one thread, thread
 # CPU time, min of 2-3, load 0.8 to 2), per image at batch 32 against 8: regular 3x3 -13 to -16% at 7 px, -2
 # to -4.5% at 13-14 px, -2 to +1% at 28 px, 0% at 56 px; oneDNN pointwise (from batch 16 to 32) -2 to -9% at
-# 7 px, -1 to -2% at 14-28 px. Depthwise and grouped convolutions are left out: memory-bound, they got no
-# cheaper where large (+10 to +65% at 7-14 px; two depthwise shapes at 7 px -10%, within a 26% spread).
+# 7 px, -1 to -2% at 14-28 px. Depthwise and grouped convolutions are timed there at every size: memory-bound,
+# they get dearer per image once a batch's activations leave the cache (+10 to +65% at 7-14 px), which the
+# model must know too (without them mobilenet_v3_small at batch 64 was predicted 14.8% fast).
 LARGE_CONV_BATCH = 32
 LARGE_CONV_MAX_OUT_HW = 14
 # A GPU needs larger batches to fill: timed where the sidecar runs it (its auto batch on CUDA is 64).
@@ -99,8 +101,10 @@ POINTWISE_ONEDNN_BATCH = 16
 # interpolating between 1 and 8 rows missed (alexnet at batch 2 -19.7%); their 18 points add 0.3 s (the
 # section alone: 1.02 s of CPU time at rows 1, 8, 64, 1.29 s with 2 and 4, load 1.7).
 GEMM_ROWS = (1, 2, 4, 8, 64)
-# Elementwise sizes: 64 channels of s x s pixels, 4 KB to 51 MB at fp32 (1 to 12.8 M elements).
-CURVE_SIDES = (4, 14, 28, 56, 112, 224, 448)
+# Elementwise sizes: 64 channels of s x s pixels, 4 KB to 105 MB at fp32 (1 to 26 M elements). The largest is a
+# batch-64 activation of the first layers: beyond the L3 cost per byte still grew (relu 28 us/MB at 51 MB, 46
+# at 205 MB, under the sidecar's malloc settings), so extrapolating from 51 MB under-predicted large batches.
+CURVE_SIDES = (4, 14, 28, 56, 112, 224, 448, 640)
 FAULT_PROBE_BYTES = (48 << 20, 96 << 20)   # above glibc's largest mmap threshold (32 MiB): fresh pages every call
 PAGE_BYTES = resource.getpagesize()
 DECODE_IMAGES = 12
@@ -644,7 +648,7 @@ def _curves(bench: _Bench) -> tuple[dict[str, tuple], dict[str, float]]:
     """Per kind, microseconds per call without faults against the bytes of its (fp32) output; for the global
     pools and means, of their input. Sizes interleave so a small budget still spans them."""
     cases = _curve_cases(bench)
-    order = [CURVE_SIDES[i] for i in (0, 4, 2, 6, 3, 5, 1)]
+    order = [CURVE_SIDES[i] for i in (0, 4, 2, 6, 3, 5, 1, 7)]
     points: dict[str, list[tuple[float, float]]] = {kind: [] for kind in cases}
     work = [(side, kind) for side in order for kind in cases]
     for side, kind in bench.points("curves", work):
@@ -725,8 +729,8 @@ def _conv_point(bench: _Bench, cin: int, cout: int, kernel: int, stride: int, gr
 
 
 def _large_batch(cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int) -> bool:
-    """Whether a grid shape is timed at LARGE_CONV_BATCH too (CPU): not depthwise nor grouped, small output."""
-    return groups == 1 and (in_hw + 2 * (kernel // 2) - kernel) // stride + 1 <= LARGE_CONV_MAX_OUT_HW
+    """Whether a grid shape is timed at LARGE_CONV_BATCH too (CPU): depthwise or grouped, or a small output."""
+    return groups > 1 or (in_hw + 2 * (kernel // 2) - kernel) // stride + 1 <= LARGE_CONV_MAX_OUT_HW
 
 
 def _convolutions(bench: _Bench, threads: int) -> tuple[list[dict], float, float]:
