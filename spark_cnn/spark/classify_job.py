@@ -7,8 +7,6 @@ work; the output is written to a hidden sibling and renamed into place, so a fai
 from __future__ import annotations
 
 import json
-import os
-import re
 import time
 from dataclasses import replace
 
@@ -16,28 +14,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
-from spark_cnn.errors import (
-    ConfigError,
-    ImageError,
-    InputError,
-    ModelError,
-    SidecarError,
-    SidecarHung,
-    SidecarLost,
-    SparkCnnError,
-)
-from spark_cnn.sidecar.launcher import stop_sidecars
+from spark_cnn.errors import ConfigError
 from spark_cnn.spark.inference import EMBED_COLUMNS, PartitionInference, spark_ddl
+from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
-from spark_cnn.spark.session import spark_session
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.stats import SidecarStatsParam
-from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
+from spark_cnn.spark.storage import HadoopFS, to_uri
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
-_TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
-_ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError,
-                                              SidecarHung, SidecarLost)}
 
 
 def classify(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
@@ -60,20 +45,14 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
             columns: tuple[str, ...] | None = None) -> dict:
     """Images in, one Parquet row per image out (all classify columns, or `columns`), summary beside it."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
-    _check_local_paths(input_uri, output_uri, config.overwrite)
+    check_local_paths(input_uri, output_uri, config.overwrite)
     options = config.inference_options
     model = check_model(options)
     labels = model.labels
 
-    own_session = spark is None
-    spark = spark or spark_session(master=config.master, quiet=config.quiet)
-    app_id = spark.sparkContext.applicationId
-    try:
+    with job_session(spark, master=config.master, quiet=config.quiet) as spark:
         fs = HadoopFS(spark)
-        if not fs.exists(input_uri):
-            raise InputError(f"input {config.input} does not exist")
-        if fs.exists(output_uri) and not config.overwrite:
-            raise InputError(f"output {config.output} already exists; use --overwrite to replace it")
+        check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)
         _check_partition_column(config.partition_by, source)
 
@@ -88,39 +67,25 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         if columns is not None:
             outputs = outputs.select(*columns)
 
-        staging = _staging_uri(output_uri, job_id)
+        staging = staging_uri(output_uri, job_id)
         started = time.perf_counter()
         try:
             writer = outputs.write.partitionBy(config.partition_by) if config.partition_by else outputs.write
             writer.parquet(staging)
         except Exception as e:
             fs.delete(staging)
-            raise _task_error(e) from e
+            raise task_error(e) from e
         elapsed = time.perf_counter() - started
-        if config.overwrite:
-            fs.delete(output_uri)
-        fs.rename(staging, output_uri)
+        publish(fs, staging, output_uri, overwrite=config.overwrite)
 
         summary = _summarise(spark, output_uri, labels, elapsed, config, list(sidecar_stats.value.values()))
-        summary.update(input=input_uri, output=output_uri, model=config.model.source, app_id=app_id, job_id=job_id)
+        summary.update(input=input_uri, output=output_uri, model=config.model.source,
+                       app_id=spark.sparkContext.applicationId, job_id=job_id)
         text = json.dumps(summary, indent=2)
         fs.write_text(output_uri.rstrip("/") + "/" + SUMMARY_FILE, text)
         if config.summary:
             fs.write_text(to_uri(config.summary), text)
         return summary
-    finally:
-        if own_session:
-            stop_sidecars(app_id)  # this host's sidecars; on a cluster they exit with their executors
-            spark.stop()
-
-
-def _check_local_paths(input_uri: str, output_uri: str, overwrite: bool) -> None:
-    """Fail fast, before Spark starts, on local paths (remote ones are checked once the session is up)."""
-    input_path, output_path = local_path(input_uri), local_path(output_uri)
-    if input_path is not None and not os.path.exists(input_path):
-        raise InputError(f"input {input_path} does not exist")
-    if output_path is not None and os.path.exists(output_path) and not overwrite:
-        raise InputError(f"output {output_path} already exists; use --overwrite to replace it")
 
 
 def _check_partition_column(column: str | None, source: ImageSource) -> None:
@@ -128,19 +93,6 @@ def _check_partition_column(column: str | None, source: ImageSource) -> None:
     if column == TRUE_LABEL and not source.has_labels:
         raise ConfigError(f"--partition-by {TRUE_LABEL}: this {source.format} input has no true labels; name its "
                           "label column with --label-column, or partition by label or label_name")
-
-
-def _staging_uri(output_uri: str, job_id: str) -> str:
-    parent, _, name = output_uri.rstrip("/").rpartition("/")
-    return f"{parent}/.{name}.spark_cnn-{job_id}.tmp"
-
-
-def _task_error(error: Exception) -> SparkCnnError:
-    """A task's spark_cnn error, re-raised on the driver as itself, without the JVM stack around it."""
-    match = _TASK_ERROR.search(str(error))
-    if match:
-        return _ERROR_TYPES.get(match.group(1), SparkCnnError)(match.group(2).strip())
-    return SparkCnnError(f"the Spark job failed: {str(error).strip().splitlines()[0]}")
 
 
 def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, config: ClassifyConfig,

@@ -30,10 +30,10 @@ from pyspark.sql import functions as F
 
 from spark_cnn.config import EtlConfig
 from spark_cnn.errors import ConfigError, InputError
-from spark_cnn.sidecar.launcher import LaunchOptions, stop_sidecars
-from spark_cnn.spark.classify_job import SUMMARY_FILE, _task_error, read_labels
+from spark_cnn.sidecar.launcher import LaunchOptions
+from spark_cnn.spark.classify_job import SUMMARY_FILE, read_labels
 from spark_cnn.spark.inference import InferencePlan, PartitionInference, spark_ddl
-from spark_cnn.spark.session import spark_session
+from spark_cnn.spark.job_io import check_paths, job_session, task_error
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA
 from spark_cnn.spark.stats import SidecarStatsParam
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
@@ -61,13 +61,10 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         raise ConfigError(f"--labels {job.labels} has {len(labels)} names but the model has "
                           f"{resolved.num_classes} classes")
 
-    own_session = spark is None
-    spark = spark or spark_session(master=job.master, quiet=job.quiet, app_name="spark_cnn_etl")
-    app_id = spark.sparkContext.applicationId
-    try:
+    with job_session(spark, master=job.master, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
+        app_id = spark.sparkContext.applicationId
         fs = HadoopFS(spark)
-        if not fs.exists(input_uri):
-            raise InputError(f"input {job.input} does not exist")
+        check_paths(fs, input_uri, None, True, input_name=job.input)
         for path in resolved.endpoint.files:
             spark.sparkContext.addFile(path)
         job_id = uuid.uuid4().hex[:12]
@@ -89,7 +86,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         try:
             query.awaitTermination()
         except Exception as e:
-            raise _task_error(e) from e
+            raise task_error(e) from e
         elapsed = time.perf_counter() - started
 
         summary = run_summary(writer.batches, elapsed, job.batch_size, list(stats.value.values()))
@@ -101,10 +98,6 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         if job.summary:
             fs.write_text(to_uri(job.summary), text)
         return summary
-    finally:
-        if own_session:
-            stop_sidecars(app_id)
-            spark.stop()
 
 
 class MicroBatchWriter:
@@ -142,7 +135,7 @@ class MicroBatchWriter:
             outputs.write.mode(mode).parquet(uri)
         except Exception as e:
             self.fs.delete(uri)
-            raise _task_error(e) from e
+            raise task_error(e) from e
 
     def _taken_files(self, batch_id: int) -> list[str]:
         """The files the stream's source took into this batch, from its logs in the checkpoint.

@@ -21,8 +21,7 @@ from spark_cnn.config import PetastormConfig
 from spark_cnn.errors import ImageError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.pixels import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
-from spark_cnn.spark.classify_job import _check_local_paths, _staging_uri, _task_error
-from spark_cnn.spark.session import spark_session
+from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.sources import TRUE_LABEL, open_source
 from spark_cnn.spark.storage import HadoopFS, read_listed_file, to_uri
 
@@ -79,15 +78,10 @@ class PetastormEncoder:
 def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) -> dict:
     """Write the images of `config.input` as a Petastorm dataset at `config.output`; returns a summary."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
-    _check_local_paths(input_uri, output_uri, config.overwrite)
-    own_session = spark is None
-    spark = spark or spark_session(master=config.master, quiet=config.quiet)
-    try:
+    check_local_paths(input_uri, output_uri, config.overwrite)
+    with job_session(spark, master=config.master, quiet=config.quiet) as spark:
         fs = HadoopFS(spark)
-        if not fs.exists(input_uri):
-            raise InputError(f"input {config.input} does not exist")
-        if fs.exists(output_uri) and not config.overwrite:
-            raise InputError(f"output {config.output} already exists; use --overwrite to replace it")
+        check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)
         schema = petastorm.image_unischema(config.codec, with_label=source.has_labels,
                                            jpeg_quality=config.jpeg_quality)
@@ -95,7 +89,7 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
                                    with_label=source.has_labels, on_error=config.on_error)
         ddl = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'binary'}"
                         for f in petastorm.arrow_schema(schema))
-        staging = _staging_uri(output_uri, uuid.uuid4().hex[:12])
+        staging = staging_uri(output_uri, uuid.uuid4().hex[:12])
         started = time.perf_counter()
         try:
             (source.frame.mapInArrow(encoder, ddl).write
@@ -109,19 +103,14 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
             raise
         except Exception as e:
             fs.delete(staging)
-            raise _task_error(e) from e
-        if config.overwrite:
-            fs.delete(output_uri)
-        fs.rename(staging, output_uri)
+            raise task_error(e) from e
+        publish(fs, staging, output_uri, overwrite=config.overwrite)
         elapsed = time.perf_counter() - started
         totals = (spark.read.parquet(output_uri)
                   .agg(F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNotNull()).alias("errors"))
                   .first())
         return {"images": totals["images"], "errors": totals["errors"], "elapsed_s": round(elapsed, 3),
                 "codec": config.codec, "fields": list(schema.fields), "output": output_uri}
-    finally:
-        if own_session:
-            spark.stop()
 
 
 def row_groups_per_file(spark: SparkSession, dataset_uri: str) -> dict[str, int]:
