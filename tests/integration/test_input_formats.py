@@ -22,6 +22,7 @@ from spark_cnn.models.demo import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
 from spark_cnn.spark.sources import detect_format, open_source
+from spark_cnn.spark.storage import listed_local_path, read_listed_file
 
 pytestmark = pytest.mark.spark
 BROKEN = ("dog/broken.png", "cat/empty.png")
@@ -157,3 +158,15 @@ def test_local_image_folders_are_listed_by_spark_and_read_by_the_tasks(spark, pi
     assert "ReadSchema: struct<path:string>" in scan, scan
     assert local.frame.where("content is not null").count() == 0
     assert local.frame.count() == len(_pngs(pictures))  # zero-byte files too (Spark's scan drops them)
+
+
+def test_the_tasks_find_files_whose_names_look_like_url_syntax(spark, pictures, tmp_path):
+    # Spark's listing writes paths unescaped: '#', '?', '%20' and spaces are parts of the names.
+    folder = tmp_path / "odd names"
+    folder.mkdir()
+    some_png = max(_pngs(pictures).values(), key=len)
+    for name in ("a b#1.png", "p%20q.png", "é?x.png"):
+        (folder / name).write_bytes(some_png)
+    listed = [row.path for row in open_source(spark, "file://" + str(folder)).frame.select("path").collect()]
+    assert sorted(os.path.basename(listed_local_path(p)) for p in listed) == ["a b#1.png", "p%20q.png", "é?x.png"]
+    assert all(read_listed_file(p) == some_png for p in listed)
