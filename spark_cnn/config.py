@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
@@ -106,14 +106,9 @@ class ClassifyConfig:
 
     @property
     def inference_options(self) -> InferenceOptions:
-        """The model and run options of this job, as the DataFrame functions and the UDF take them."""
-        return InferenceOptions(
-            model=self.model, labels=self.labels, top_k=self.top_k, logits=self.logits, embeddings=self.embeddings,
-            layer=self.layer, batch_size=self.batch_size, device=self.device, precision=self.precision,
-            channels_last=self.channels_last, compile=self.compile, decode=self.decode, threads=self.threads,
-            on_error=self.on_error, request_rows=self.request_rows, max_in_flight=self.max_in_flight,
-            idle_timeout_s=self.idle_timeout_s, max_pixels=self.max_pixels, max_file_bytes=self.max_file_bytes,
-            request_timeout_s=self.request_timeout_s)
+        """The model and run options of this job, as the DataFrame functions and the UDF take them: every
+        InferenceOptions field, which ClassifyConfig declares too (flat, as the CLI and presets fill it)."""
+        return InferenceOptions(**{f.name: getattr(self, f.name) for f in fields(InferenceOptions)})
 
 
 @dataclass(frozen=True)

@@ -185,3 +185,17 @@ def test_stats_merge_is_idempotent():
     once = param.addInPlace({}, copy.deepcopy(update))
     twice = param.addInPlace(copy.deepcopy(once), copy.deepcopy(update))  # a retried task adds it again
     assert once == twice == update
+
+
+def test_classify_config_declares_every_inference_option_with_the_same_default():
+    # ClassifyConfig.inference_options copies these fields by name: one missing or defaulting differently
+    # would make a job and the notebook API run the same model differently.
+    from dataclasses import MISSING, fields
+
+    from spark_cnn.config import ClassifyConfig, InferenceOptions
+
+    job = {f.name: f for f in fields(ClassifyConfig)}
+    for option in fields(InferenceOptions):
+        assert option.name in job, option.name
+        if option.default is not MISSING:
+            assert job[option.name].default == option.default, option.name
