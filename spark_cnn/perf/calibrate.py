@@ -7,7 +7,7 @@ the network being predicted (nor any torchvision model):
   1 to 224 pixels) at a small and a medium batch, those with small outputs also at a large one, and the fixed
   cost of one call (weights reordered per call);
 - linear layers (GEMMs) from 256 to 9216 inputs at 1 to 64 rows;
-- elementwise, normalisation, pooling, concatenation and copy operators at sizes from 4 KB to 50 MB, which
+- elementwise, normalisation, pooling, concatenation and copy operators at sizes from 4 KB to 105 MB, which
   give their per-call overhead, their cache and memory bandwidth in one curve per operator;
 - the cost of fresh memory pages (a first touch faults them in, a free returns them), which large batches pay
   on every call in a process with glibc's malloc defaults (which map big tensors fresh each time);
@@ -424,6 +424,8 @@ def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, c
     from spark_cnn.perf.allocator import sidecar_environment
     env = sidecar_environment()
     env[_IN_CHILD_ENV] = "1"
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)  # this spark_cnn
     code = ("import sys; from spark_cnn.perf.calibrate import calibrate; "
             "calibrate(sys.argv[1], threads=int(sys.argv[2]), budget_s=float(sys.argv[3]), "
             "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5])")
