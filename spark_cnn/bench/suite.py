@@ -136,12 +136,12 @@ def ensure_device_profile() -> str:
     model's batch size; outside every measured run. The quick bench skips it: the sidecar then starts from its
     default and the online tuner alone moves it."""
     from spark_cnn.perf.calibrate import calibrate
-    from spark_cnn.perf.startpoint import profile_cache_dir
-    started = time.perf_counter()
+    from spark_cnn.perf.startpoint import cached_profile, profile_cache_dir
+    profile = cached_profile("cpu")
+    if profile is not None:
+        return f"device profile {profile.key}: cached ({profile.created})"
     profile = calibrate("cpu", cache_dir=profile_cache_dir())
-    took = time.perf_counter() - started
-    return (f"device profile {profile.key}: " +
-            (f"calibrated in {profile.calibration_s:.1f} s" if took > 1 else f"cached ({profile.created})"))
+    return f"device profile {profile.key}: calibrated in {profile.calibration_s:.1f} s"
 
 
 def _rounded(value: float | None) -> float | None:

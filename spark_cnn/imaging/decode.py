@@ -87,8 +87,12 @@ def check_file_size(data: bytes, options: DecodeOptions = DEFAULT_DECODE) -> Non
     """Refuse empty files and files over `options.max_file_bytes`, before any parsing."""
     if not data:
         raise ImageError("empty file (0 bytes)")
-    if len(data) > options.max_file_bytes:
-        raise ImageError(f"file too large: {len(data)} bytes, more than --max-file-bytes {options.max_file_bytes}")
+    _check_size(len(data), options)
+
+
+def _check_size(size: int, options: DecodeOptions) -> None:
+    if size > options.max_file_bytes:
+        raise ImageError(f"file too large: {size} bytes, more than --max-file-bytes {options.max_file_bytes}")
 
 
 def read_image_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes:
@@ -96,9 +100,7 @@ def read_image_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes
     raises ImageError, so it costs its row only."""
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > options.max_file_bytes:
-                raise ImageError(f"file too large: {size} bytes, more than --max-file-bytes {options.max_file_bytes}")
+            _check_size(os.fstat(f.fileno()).st_size, options)  # before reading a file too large to read
             data = f.read()
     except OSError as e:
         raise ImageError(f"cannot read file: {type(e).__name__}: {e.strerror or e}") from e
