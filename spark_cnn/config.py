@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.client import DEFAULT_MAX_IN_FLIGHT, REPLY_TIMEOUT_S
-from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
-from spark_cnn.sidecar.options import DECODE_CHOICES, RunOptions
+from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, REPLY_TIMEOUT_S
+from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 ON_ERROR_CHOICES = ("record", "fail")

@@ -41,7 +41,7 @@ def private_device_cache():
 def private_runtime_dir():
     """Sidecar sockets and files of this run in their own 0700 directory (sidecars and Spark workers inherit it),
     so concurrent runs on one machine never see each other's sidecars."""
-    from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV
+    from spark_cnn.task.launcher import RUNTIME_DIR_ENV
 
     with _private_dir_in_env(RUNTIME_DIR_ENV, "spark_cnn_run_") as folder:
         yield folder
@@ -50,7 +50,7 @@ def private_runtime_dir():
 @pytest.fixture(scope="session")
 def demo_assets():
     """The demo's digits folder, labels and trained weights, made once (as `make run` does)."""
-    from spark_cnn.models.demo import prepare_demo
+    from spark_cnn.models.digits import prepare_demo
 
     workdir = tempfile.mkdtemp(prefix="spark_cnn_demo_")
     try:

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import numpy as np
 import pyarrow.parquet as pq
 
-from spark_cnn.sidecar.procs import ProcessId, cmdline, is_alive
+from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 
 OUTPUT_ATOL = 1e-5
 
@@ -101,7 +101,7 @@ def reference_rows(folder: str, weights: str, labels: str) -> dict[str, dict]:
 
     from spark_cnn.errors import ImageError
     from spark_cnn.imaging.preprocess import preprocess_pixels
-    from spark_cnn.models.demo import DIGITS_FACTORY
+    from spark_cnn.models.digits import DIGITS_FACTORY
     from spark_cnn.models.resolve import resolve_endpoint
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.sidecar.runner import ModelRunner

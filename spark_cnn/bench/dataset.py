@@ -13,7 +13,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from spark_cnn.bench.images import BENCH_IMAGE_SIZE, JPEG_QUALITY
+from spark_cnn.imaging.samples import BENCH_IMAGE_SIZE, JPEG_QUALITY
 
 DATASET_IMAGES = 2048
 # Bump when the images change, so an old cache is never mistaken for the new set.

@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from PIL import Image
 
-from spark_cnn.bench.images import bench_jpegs, large_photo_jpegs
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging import fastjpeg
 from spark_cnn.imaging.decode import dct_scale
-from spark_cnn.imaging.options import DecodeOptions
+from spark_cnn.imaging.limits import DecodeOptions
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
+from spark_cnn.imaging.samples import bench_jpegs, large_photo_jpegs
 
 # The cases, in the order they run and print. `full` is the reference the others are compared with.
 CASES = {

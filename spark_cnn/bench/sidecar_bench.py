@@ -23,14 +23,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from spark_cnn.bench.images import bench_jpegs
 from spark_cnn.bench.tiny import IDENTITY_FACTORY
 from spark_cnn.imaging.preprocess import preprocess_pixels
+from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
-from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
-from spark_cnn.sidecar.options import RunOptions
-from spark_cnn.sidecar.procs import ExecutorProcess, process_id
+from spark_cnn.task.client import SidecarClient, map_ordered
+from spark_cnn.task.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
+from spark_cnn.task.procs import ExecutorProcess, process_id
+from spark_cnn.task.run_options import RunOptions
 
 # Distinct images the clients cycle through: enough that no cache makes repeats free.
 BENCH_IMAGES = 32
@@ -130,7 +130,8 @@ def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_siz
     """The model alone, in this process, on ready-made batches: upload + forward + download per batch."""
     import torch
 
-    from spark_cnn.sidecar.runner import ModelRunner, cpu_compute_workers, cpu_threads, resolve_device
+    from spark_cnn.sidecar.runner import ModelRunner, cpu_compute_workers, resolve_device
+    from spark_cnn.task.sidecar_env import cpu_threads
 
     runner = ModelRunner(endpoint, resolve_device(device), options)
     if runner.device.type == "cpu":

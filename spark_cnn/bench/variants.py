@@ -206,9 +206,9 @@ def run_predict_batch_udf(task: VariantTask) -> dict:
 def run_spark_cnn(task: VariantTask) -> dict:
     from spark_cnn.config import ClassifyConfig
     from spark_cnn.models.spec import ModelSpec
-    from spark_cnn.sidecar.launcher import stop_sidecars
     from spark_cnn.spark.classify_job import classify
     from spark_cnn.spark.session import spark_session
+    from spark_cnn.task.launcher import stop_sidecars
 
     workdir = tempfile.mkdtemp(prefix="scnb-")
     spark = spark_session(master=MASTER, app_name="bench-spark_cnn", quiet=True)

@@ -6,11 +6,11 @@ import argparse
 import dataclasses
 import functools
 
-from spark_cnn.cli import options
+from spark_cnn.cli import resolution
 from spark_cnn.cli.common import floats
-from spark_cnn.cli.options import Option, flags_only, given
-from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
-from spark_cnn.sidecar.client import REPLY_TIMEOUT_S
+from spark_cnn.cli.resolution import Option, flags_only, given
+from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
+from spark_cnn.task.client import REPLY_TIMEOUT_S
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
@@ -108,14 +108,14 @@ def option_table(embed: bool = False) -> dict[str, Option]:
 
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser, embed=embed)
-    return options.option_table(parser, ClassifyConfig)
+    return resolution.option_table(parser, ClassifyConfig)
 
 
 def classify_config(args: argparse.Namespace, *, embed: bool = False, preset: dict | None = None,
                     preset_name: str = "preset", spark_conf: dict | None = None):
     """ClassifyConfig from parsed flags, over a preset, over spark.cnn.* settings, over defaults. `embed=True`:
     the embed command's options (no labels, top-k or extra columns; the embedding on, from `--layer`)."""
-    values = options.resolve(option_table(embed), flags=given(args), preset=preset, preset_name=preset_name,
+    values = resolution.resolve(option_table(embed), flags=given(args), preset=preset, preset_name=preset_name,
                              spark_conf=spark_conf)
     if embed:
         values.update(embeddings=True, logits=False, labels=None, top_k=None)
@@ -179,7 +179,7 @@ def sidecar_table(sidecars: list[dict]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from spark_cnn.spark.conf import submitted_conf
 
-    return execute(options.resolve(option_table(), flags=given(args), spark_conf=submitted_conf()))
+    return execute(resolution.resolve(option_table(), flags=given(args), spark_conf=submitted_conf()))
 
 
 def execute(values: dict) -> int:

@@ -23,7 +23,7 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from spark_cnn.config import ClassifyConfig
-    from spark_cnn.models.demo import DIGITS_FACTORY, prepare_demo
+    from spark_cnn.models.digits import DIGITS_FACTORY, prepare_demo
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.spark.classify_job import classify
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from spark_cnn.cli.classify import add_arguments, classify_config, report
-from spark_cnn.cli.options import flags_only
+from spark_cnn.cli.resolution import flags_only
 
 
 def register(commands) -> None:

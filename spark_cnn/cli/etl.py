@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import functools
 
-from spark_cnn.cli import classify, options
-from spark_cnn.cli.options import Option, flags_only, given
+from spark_cnn.cli import classify, resolution
+from spark_cnn.cli.resolution import Option, flags_only, given
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False) -> None:
@@ -35,7 +35,7 @@ def option_table() -> dict[str, Option]:
 
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
-    return options.option_table(parser, ClassifyConfig, EtlConfig)
+    return resolution.option_table(parser, ClassifyConfig, EtlConfig)
 
 
 def etl_config(values: dict):
@@ -48,7 +48,7 @@ def etl_config(values: dict):
 def run(args: argparse.Namespace) -> int:
     from spark_cnn.spark.conf import submitted_conf
 
-    return execute(options.resolve(option_table(), flags=given(args), spark_conf=submitted_conf()))
+    return execute(resolution.resolve(option_table(), flags=given(args), spark_conf=submitted_conf()))
 
 
 def execute(values: dict) -> int:

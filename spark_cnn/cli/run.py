@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from spark_cnn.cli import classify, etl, options
+from spark_cnn.cli import classify, etl, resolution
 from spark_cnn.errors import ConfigError
 
 # The jobs a preset can name: each module has add_arguments(parser, from_preset=), option_table() and execute().
@@ -33,9 +33,9 @@ def resolve_preset(path: str, overrides: list[str], spark_conf: dict | None) -> 
         raise ConfigError(f"preset {path}: unknown job {job_name!r}; valid jobs: {', '.join(sorted(JOBS))}")
     parser = argparse.ArgumentParser(prog=f"spark-cnn run {path}", description=f"overrides for the {job_name} job")
     job.add_arguments(parser, from_preset=True)
-    options.flags_only(parser)
-    flags = options.given(parser.parse_args(overrides))
-    values = options.resolve(job.option_table(), flags=flags, preset=preset, preset_name=path, spark_conf=spark_conf)
+    resolution.flags_only(parser)
+    flags = resolution.given(parser.parse_args(overrides))
+    values = resolution.resolve(job.option_table(), flags=flags, preset=preset, preset_name=path, spark_conf=spark_conf)
     missing = [name.upper() for name in ("input", "output") if not values.get(name)]
     if missing:
         raise ConfigError(f"preset {path} gives no {' or '.join(missing)}: add `{missing[0].lower()}: ...` to it "

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from PIL import Image
 
 from spark_cnn.errors import ConfigError, InputError
-from spark_cnn.formats.pixels import ENCODED, NPY
+from spark_cnn.formats.encodings import ENCODED, NPY
 from spark_cnn.formats.unischema import (
     CompressedImageCodec,
     NdarrayCodec,

@@ -19,8 +19,8 @@ from PIL import Image, UnidentifiedImageError
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging import fastjpeg, tiff
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.imaging.modes import to_rgb
-from spark_cnn.imaging.options import DEFAULT_DECODE, DecodeOptions
 
 EXIF_ORIENTATION = 0x0112
 # EXIF orientation -> the transpose that makes the image upright (as ImageOps.exif_transpose does).

@@ -14,8 +14,8 @@ import numpy as np
 from PIL import Image
 
 from spark_cnn.errors import ImageError
-from spark_cnn.formats.pixels import preprocess_rgb, rgb_from_spark_image
-from spark_cnn.imaging.options import DecodeOptions
+from spark_cnn.imaging.limits import DecodeOptions
+from spark_cnn.imaging.pixels import preprocess_rgb, rgb_from_spark_image
 from spark_cnn.imaging.preprocess import Preprocessing
 
 IMAGE_STRUCT_FIELDS = ("origin", "height", "width", "nChannels", "mode", "data")

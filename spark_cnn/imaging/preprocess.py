@@ -16,7 +16,7 @@ from PIL import Image
 
 from spark_cnn.errors import ConfigError, ImageError
 from spark_cnn.imaging.decode import decode_for_resize, decode_rgb
-from spark_cnn.imaging.options import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 
 __all__ = ["DEFAULT_CROP", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "Preprocessing", "center_crop",
            "decode_rgb", "preprocess_pixels", "resize_shorter_side"]

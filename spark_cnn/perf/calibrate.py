@@ -14,7 +14,7 @@ the network being predicted (nor any torchvision model):
 - the sidecar's own input normalisation and output heads, image decoding per core, and on CUDA the
   host-to-device copy.
 
-The benchmarks run in a process with the sidecar's malloc settings (spark_cnn.perf.allocator), as the
+The benchmarks run in a process with the sidecar's malloc settings (spark_cnn.task.sidecar_env), as the
 sidecar and validation do: calibrate() starts one when the calling process has other settings.
 
 Every timing is the minimum of repeated calls after a warm-up, under `torch.inference_mode`. Each also counts
@@ -50,9 +50,10 @@ import torch
 from torch import nn
 
 from spark_cnn.errors import ConfigError
+from spark_cnn.task.sidecar_env import cpu_threads
 
 __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION", "DeviceProfile",
-           "Timing", "calibrate", "default_threads", "device_key", "measure"]
+           "Timing", "calibrate", "device_key", "measure"]
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again.
 # 2: convolutions with small outputs also at LARGE_CONV_BATCH, GEMMs also at 2 and 4 rows.
@@ -113,12 +114,6 @@ HEADS_ROWS = (1, 8, 64)
 H2D_MIB = (1, 8, 64)
 # Sidecar output heads: softmax and top-k over the classes (spark_cnn.models.heads), at ImageNet's width.
 HEADS_CLASSES = 1000
-
-
-def default_threads() -> int:
-    """Torch threads of a CPU sidecar: half the cores (kept equal to spark_cnn.sidecar.runner.cpu_threads(None),
-    which cannot be imported here without importing torchvision)."""
-    return max(1, (os.cpu_count() or 2) // 2)
 
 
 # --- the profile ---------------------------------------------------------------------------------------------
@@ -343,7 +338,7 @@ def device_key(device: str = "cpu", threads: int | None = None) -> str:
     if resolved.type == "cuda":
         name = torch.cuda.get_device_name(resolved)
         return _slug(f"cuda-{name}-torch{version}")
-    threads = threads or default_threads()
+    threads = cpu_threads(threads)
     return _slug(f"cpu-{_cpu_name()}-{os.cpu_count()}c-{threads}t-torch{version}")
 
 
@@ -374,7 +369,7 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     if clock not in CLOCKS or (clock == "cpu" and resolved.type != "cpu"):
         raise ConfigError(f"calibrate: clock must be one of {', '.join(CLOCKS)} ('cpu' on the CPU only), "
                           f"got {clock!r}")
-    threads = threads or default_threads()
+    threads = cpu_threads(threads)
     if clock == "cpu" and threads != 1:
         raise ConfigError(f"calibrate: clock 'cpu' times the calling thread: it needs threads=1, not {threads}")
     key = device_key(str(resolved), threads)
@@ -415,13 +410,13 @@ def _needs_sidecar_allocator() -> bool:
     afresh each call, and even with its page faults taken out it measured 152 us/MB, against 72 us/MB under
     the sidecar's settings (development host, one thread); max pooling 687 against 429. A profile measured
     so over-predicted every validation network at batch 64 by 5-6%."""
-    from spark_cnn.perf.allocator import RETAINED, allocator_of
+    from spark_cnn.task.sidecar_env import RETAINED, allocator_of
     return os.environ.get(_IN_CHILD_ENV) != "1" and platform.libc_ver()[0] == "glibc" and allocator_of() != RETAINED
 
 
 def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str) -> DeviceProfile:
     """calibrate() in a fresh process started with the sidecar's malloc settings; it writes the cache file."""
-    from spark_cnn.perf.allocator import sidecar_environment
+    from spark_cnn.task.sidecar_env import sidecar_environment
     env = sidecar_environment()
     env[_IN_CHILD_ENV] = "1"
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -532,7 +527,7 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
     if clock != "wall":
         notes += (f"clock: {clock} (thread CPU time); {time.perf_counter() - wall_start:.1f} s wall",)
     if device.type == "cpu":
-        from spark_cnn.perf.allocator import allocator_of
+        from spark_cnn.task.sidecar_env import allocator_of
         notes += (f"allocator: {allocator_of()}",)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return DeviceProfile(key=key, device=str(device), threads=threads,
@@ -795,9 +790,9 @@ def _sidecar_stages(bench: _Bench) -> dict[str, tuple]:
     """The sidecar's work around the model (spark_cnn.sidecar.runner.ModelRunner.forward): uint8 NHWC pixels
     normalised to float NCHW (keyed by the float bytes), and softmax + top-k heads (keyed by logits bytes)."""
     from spark_cnn.imaging.preprocess import Preprocessing
-    from spark_cnn.imaging.tensors import normalise
     from spark_cnn.models.heads import Predictor
     from spark_cnn.models.spec import DEFAULT_TOP_K
+    from spark_cnn.models.tensors import normalise
 
     prep = Preprocessing()
     side = prep.crop
@@ -818,8 +813,8 @@ def _sidecar_stages(bench: _Bench) -> dict[str, tuple]:
 
 def _decode(bench: _Bench) -> float:
     """Milliseconds to decode, resize and crop one benchmark JPEG on one core (the task side's work)."""
-    from spark_cnn.bench.images import bench_jpegs
     from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
+    from spark_cnn.imaging.samples import bench_jpegs
 
     deadline = bench.budget.section("decode")
     prep = Preprocessing()

@@ -41,8 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from spark_cnn.errors import ConfigError, ModelError
+from spark_cnn.models.tracing import FX_GATE
 from spark_cnn.perf.op_costs import OpCost, op_cost
-from spark_cnn.perf.tracing import FX_GATE
 
 __all__ = ["DEFAULT_DTYPE_BYTES", "DEFAULT_INPUT_SHAPE", "LayerCost", "ModelCost", "analyse"]
 

@@ -22,7 +22,7 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   pages that fault when first written (about 1.7 us per 4 KiB page on the development host: 0.4 ms per MiB,
   more than a batch norm's arithmetic); which tensors do depends on sizes and lifetimes, so the model
   replays the forward's allocations through a reduced glibc (`_Heap`, below). The sidecar starts with
-  malloc settings that keep freed memory (`spark_cnn.perf.allocator`), so by default (`allocator=RETAINED`)
+  malloc settings that keep freed memory (`spark_cnn.task.sidecar_env`), so by default (`allocator=RETAINED`)
   the replay finds no fresh pages once the heap has grown to the batch's peak; `allocator=GLIBC` predicts a
   process with glibc's defaults.
 
@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.perf.allocator import GLIBC, RETAINED
 from spark_cnn.perf.calibrate import DeviceProfile, conv_backend
 from spark_cnn.perf.layers import LayerCost, ModelCost
+from spark_cnn.task.sidecar_env import GLIBC, RETAINED
 
 __all__ = ["BOUNDS", "PRECISIONS", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
            "predict_peak_memory_bytes", "predict_throughput", "predict_transfer_ms"]
@@ -110,7 +110,7 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
 
     The sum is predict_batch_ms. Names are the ModelCost's, so a per-layer measurement can be set beside
     them (spark_cnn.perf.validate.layer_report). `allocator` is how the process running the model allocates
-    (spark_cnn.perf.allocator): RETAINED, the sidecar's settings, keeps freed memory, so the steady state
+    (spark_cnn.task.sidecar_env): RETAINED, the sidecar's settings, keeps freed memory, so the steady state
     faults no pages; GLIBC, glibc's defaults, faults large tensors' pages on every batch."""
     _check(profile, batch, precision)
     if allocator not in (RETAINED, GLIBC):

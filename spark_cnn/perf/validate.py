@@ -5,7 +5,7 @@ What is timed is what the time model predicts: the sidecar's compute stage for o
 NHWC pixels, the model, softmax and top-k), with the profile's thread count, under `torch.inference_mode`,
 after warm-up, keeping the minimum of repeated calls, each batch size in a fresh process (see validate())
 that runs the sidecar's own ModelRunner in a service thread, started with the sidecar's malloc settings
-(spark_cnn.perf.allocator): the layout, allocator and thread the sidecar really uses.
+(spark_cnn.task.sidecar_env): the layout, allocator and thread the sidecar really uses.
 Each batch size is measured in `sweeps` separate passes over all sizes; the point's measurement is the best
 of them, and how much the sweeps disagree is the repeatability reported beside the MAPE. Models are built
 with random weights (no downloads); time does not depend on the weights' values.
@@ -35,14 +35,14 @@ from torch import nn
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
-from spark_cnn.perf.allocator import allocator_of, sidecar_environment
+from spark_cnn.models.tensors import normalise
 from spark_cnn.perf.calibrate import CLOCKS, DeviceProfile, calibrate
 from spark_cnn.perf.layers import DEFAULT_INPUT_SHAPE, ModelCost, analyse
 from spark_cnn.perf.timemodel import HEADS_LAYER, NORMALISE_LAYER, predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
+from spark_cnn.task.sidecar_env import allocator_of, sidecar_environment
 
 __all__ = ["DEFAULT_BATCH_SIZES", "layer_report", "measure_batch_ms", "measure_layers_ms", "settle_allocator",
            "validate"]

@@ -10,9 +10,9 @@ import argparse
 import logging
 import sys
 
-from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
-from spark_cnn.sidecar.procs import ProcessId
 from spark_cnn.sidecar.server import SidecarSettings, run
+from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.task.procs import ProcessId
 
 
 def parse_args(argv: list[str]) -> SidecarSettings:

@@ -18,13 +18,14 @@ import numpy as np
 import torch
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.imaging.tensors import normalise
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.perf.tracing import FX_GATE
-from spark_cnn.sidecar.faults import INJECT_OOM_ENV, injected_oom_above_rows
-from spark_cnn.sidecar.options import RunOptions
+from spark_cnn.models.tensors import normalise
+from spark_cnn.models.tracing import FX_GATE
+from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV, injected_oom_above_rows
+from spark_cnn.task.run_options import RunOptions
+from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
 
@@ -46,17 +47,6 @@ def resolve_device(requested: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"--device {requested}: this host has {torch.cuda.device_count()} CUDA device(s)")
     return device
-
-
-def cpu_threads(requested: int | None) -> int:
-    """Torch threads for a CPU sidecar: as asked, else half the cores.
-
-    The sidecar shares its cores with the tasks that decode for it and with its own serving threads. Measured
-    on a 2-core host (mobilenet_v3_small, bench-sidecar, 4 clients): with 2 torch threads the sidecar reached
-    58% of the device-only rate and 67 img/s unbatched; with 1 thread 89% and 124 img/s, because OpenMP's
-    parallel regions stall whenever another process takes one of their cores.
-    """
-    return requested or max(1, (os.cpu_count() or 2) // 2)
 
 
 # Compute threads of a CPU sidecar, each with cpu_threads() torch threads (half the cores by default).

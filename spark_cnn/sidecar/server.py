@@ -24,18 +24,19 @@ import numpy as np
 import torch
 
 from spark_cnn.errors import ConfigError, SidecarError
-from spark_cnn.imaging.options import DecodeOptions
+from spark_cnn.imaging.limits import DecodeOptions
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.perf.tuner import OnlineTuner
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.decoding import decode_on_gpu, decode_on_host, gpu_decode_works
-from spark_cnn.sidecar.launcher import DEFAULT_IDLE_TIMEOUT_S
-from spark_cnn.sidecar.options import DECODE_CHOICES, RunOptions
-from spark_cnn.sidecar.procs import ProcessId, is_alive
-from spark_cnn.sidecar.protocol import Kind
-from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, cpu_threads, resolve_device
+from spark_cnn.sidecar.batch_decode import decode_on_gpu, decode_on_host, gpu_decode_works
+from spark_cnn.sidecar.job_stats import JobStats
+from spark_cnn.sidecar.online_tuner import OnlineTuner
+from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, resolve_device
 from spark_cnn.sidecar.service import InferRequest, ModelService
-from spark_cnn.sidecar.stats import JobStats
+from spark_cnn.task import protocol
+from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.task.procs import ProcessId, is_alive
+from spark_cnn.task.protocol import Kind
+from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
+from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
 
@@ -62,7 +63,7 @@ class SidecarSettings:
     watch: ProcessId | None = None  # exit when this process (the executor JVM) is gone
     app_id: str = ""
     executor_id: str = ""
-    threads: int | None = None  # torch intra-op threads on the CPU; None: runner.cpu_threads' default
+    threads: int | None = None  # torch intra-op threads on the CPU; None: sidecar_env.cpu_threads' default
 
 
 class Connection:

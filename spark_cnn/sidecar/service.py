@@ -29,13 +29,13 @@ from collections import Counter
 import numpy as np
 import torch
 
-from spark_cnn.perf.tuner import OnlineTuner
-from spark_cnn.sidecar import protocol
 from spark_cnn.sidecar.batcher import Slice
-from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.sidecar.job_stats import JobStats
+from spark_cnn.sidecar.online_tuner import OnlineTuner
 from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, is_out_of_memory
-from spark_cnn.sidecar.stats import JobStats
 from spark_cnn.sidecar.work_queue import WorkQueue
+from spark_cnn.task import protocol
+from spark_cnn.task.protocol import Kind
 
 log = logging.getLogger("spark_cnn.sidecar")
 

@@ -15,12 +15,13 @@ from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ConfigError
-from spark_cnn.spark.inference import EMBED_COLUMNS, PartitionInference, spark_ddl
+from spark_cnn.spark.accumulators import SidecarStatsParam
+from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
-from spark_cnn.spark.stats import SidecarStatsParam
 from spark_cnn.spark.storage import HadoopFS, to_uri
+from spark_cnn.task.stream import EMBED_COLUMNS, PartitionInference, spark_ddl
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 
@@ -63,7 +64,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         ddl = spark_ddl(logits=config.logits, embeddings=config.embeddings)
         if source.has_labels:
             ddl += f", {TRUE_LABEL} string"
-        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats), ddl)
+        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats, SPARK_TASK), ddl)
         if columns is not None:
             outputs = outputs.select(*columns)
 

@@ -30,13 +30,14 @@ from pyspark.sql import functions as F
 
 from spark_cnn.config import EtlConfig
 from spark_cnn.errors import ConfigError, InputError
-from spark_cnn.sidecar.launcher import LaunchOptions
+from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.classify_job import SUMMARY_FILE, read_labels
-from spark_cnn.spark.inference import InferencePlan, PartitionInference, spark_ddl
+from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_paths, job_session, task_error
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA
-from spark_cnn.spark.stats import SidecarStatsParam
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
+from spark_cnn.task.launcher import LaunchOptions
+from spark_cnn.task.stream import InferencePlan, PartitionInference, spark_ddl
 
 BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 BATCH_COLUMN = "batch"
@@ -129,7 +130,7 @@ class MicroBatchWriter:
 
     def _classify(self, images: DataFrame, uri: str, *, mode: str) -> None:
         endpoint = self.plan.endpoint
-        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats),
+        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats, SPARK_TASK),
                                     spark_ddl(logits=endpoint.logits, embeddings=endpoint.embeddings))
         try:
             outputs.write.mode(mode).parquet(uri)

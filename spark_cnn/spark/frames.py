@@ -18,8 +18,9 @@ from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.image_struct import is_image_struct
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.spark.inference import EMBED_COLUMNS, INPUT_COLUMNS, PartitionInference, spark_ddl
+from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.planning import check_model, plan_inference
+from spark_cnn.task.stream import EMBED_COLUMNS, INPUT_COLUMNS, PartitionInference, spark_ddl
 
 
 def inference_options(model: str | ModelSpec, *, weights: str | None = None,
@@ -74,7 +75,8 @@ def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str
     inputs = _image_rows(df, content, path)
     checked = check_model(opts)
     plan = plan_inference(_session_of(df), opts, checked)
-    return inputs.mapInArrow(PartitionInference(plan), spark_ddl(logits=logits, embeddings=embeddings))
+    ddl = spark_ddl(logits=logits, embeddings=embeddings)
+    return inputs.mapInArrow(PartitionInference(plan, environment=SPARK_TASK), ddl)
 
 
 def embed(df: DataFrame, *, model: str | ModelSpec = "resnet50", layer: str | None = None, **options) -> DataFrame:

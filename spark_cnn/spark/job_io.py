@@ -22,9 +22,9 @@ from spark_cnn.errors import (
     SidecarLost,
     SparkCnnError,
 )
-from spark_cnn.sidecar.launcher import stop_sidecars
 from spark_cnn.spark.session import spark_session
 from spark_cnn.spark.storage import HadoopFS, local_path
+from spark_cnn.task.launcher import stop_sidecars
 
 _TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
 _ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError,

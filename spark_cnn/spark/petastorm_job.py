@@ -20,10 +20,11 @@ from pyspark.sql import functions as F
 from spark_cnn.config import PetastormConfig
 from spark_cnn.errors import ImageError, InputError
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
+from spark_cnn.formats.encodings import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.sources import TRUE_LABEL, open_source
-from spark_cnn.spark.storage import HadoopFS, read_listed_file, to_uri
+from spark_cnn.spark.storage import HadoopFS, to_uri
+from spark_cnn.task.files import read_listed_file
 
 MIB = 1 << 20
 

@@ -16,9 +16,9 @@ from pyspark.sql import SparkSession
 
 from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError, InputError
-from spark_cnn.formats.pixels import ENCODED
-from spark_cnn.sidecar.launcher import LaunchOptions
-from spark_cnn.spark.inference import InferencePlan
+from spark_cnn.formats.encodings import ENCODED
+from spark_cnn.task.launcher import LaunchOptions
+from spark_cnn.task.stream import InferencePlan
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pyspark.sql import types as T
 from spark_cnn.config import InputOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import ENCODED, LOCAL_FILES, SPARK_IMAGE
+from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
 from spark_cnn.spark.storage import local_path
 
 IMAGE_ROW_SCHEMA = "path string, content binary"

@@ -19,10 +19,11 @@ from pyspark.sql.functions import pandas_udf
 
 from spark_cnn.errors import ConfigError, SidecarError
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.spark.accumulators import SidecarStatsParam
+from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.frames import inference_options
-from spark_cnn.spark.inference import InferencePlan, PartitionInference, infer_batches
 from spark_cnn.spark.planning import check_model, plan_inference
-from spark_cnn.spark.stats import SidecarStatsParam
+from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
 
 # Each output is a struct, so that every row carries its `error` next to the values (null where fine).
 OUTPUT_TYPES = {
@@ -107,7 +108,7 @@ def _udf_function(plan: InferencePlan, output: str, stats):
     def run(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
         inputs = (_as_arrow(batch) for batch in batches)
         assembler = PartitionInference(plan)
-        for state in infer_batches(plan, inputs, stats):
+        for state in infer_batches(plan, inputs, stats, SPARK_TASK):
             frame = output_frame(assembler.assemble(state), output, plan.label_names)
             if len(frame) != len(state.paths):  # the contract: one output row per input row
                 raise SidecarError(f"{len(frame)} output rows for {len(state.paths)} inputs")

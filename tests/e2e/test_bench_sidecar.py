@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from spark_cnn.sidecar.procs import cmdline
+from spark_cnn.task.procs import cmdline
 
 pytestmark = pytest.mark.e2e
 

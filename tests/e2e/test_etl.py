@@ -13,8 +13,8 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.models.demo import DIGITS_FACTORY
-from spark_cnn.sidecar.launcher import find_sidecars
+from spark_cnn.models.digits import DIGITS_FACTORY
+from spark_cnn.task.launcher import find_sidecars
 from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
 from tests.images import broken_files, write_files
 

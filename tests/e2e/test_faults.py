@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from spark_cnn.sidecar.faults import INJECT_OOM_ENV
-from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV
-from spark_cnn.sidecar.procs import ProcessId, is_alive
+from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV
+from spark_cnn.task.launcher import RUNTIME_DIR_ENV
+from spark_cnn.task.procs import ProcessId, is_alive
 from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
 from tests.faults import (
     argument,
@@ -46,7 +46,7 @@ def digits(demo_assets, tmp_path_factory) -> str:
 
 
 def classify_args(demo_assets, folder: str, output: str, *extra: str) -> list[str]:
-    return [os.path.join(BIN, "spark-cnn"), "classify", folder, output, "--model", "spark_cnn.models.demo:digits_cnn",
+    return [os.path.join(BIN, "spark-cnn"), "classify", folder, output, "--model", "spark_cnn.models.digits:digits_cnn",
             "--weights", demo_assets.weights, "--labels", demo_assets.labels, "--logits", "--quiet", *extra]
 
 

@@ -12,7 +12,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.sidecar.procs import ProcessId, cmdline, is_alive
+from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from tests.e2e.conftest import run_command
 from tests.images import broken_files, write_files
 
@@ -64,7 +64,7 @@ def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, d
     folder = _subset(demo_assets, str(tmp_path / "in"), per_class=30)
     write_files(folder, broken_files())
     summary_path = tmp_path / "summary.json"
-    result = spark_cnn("classify", folder, str(tmp_path / "out"), "--model", "spark_cnn.models.demo:digits_cnn",
+    result = spark_cnn("classify", folder, str(tmp_path / "out"), "--model", "spark_cnn.models.digits:digits_cnn",
                        "--weights", demo_assets.weights, "--labels", demo_assets.labels,
                        "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -91,7 +91,7 @@ def test_spark_submit_runs_the_same_job(demo_assets, tmp_path):
     job = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "classify.py")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     result = run_command([spark_submit, "--master", "local[2]", job, folder, str(tmp_path / "out"),
-                          "--model", "spark_cnn.models.demo:digits_cnn", "--weights", demo_assets.weights,
+                          "--model", "spark_cnn.models.digits:digits_cnn", "--weights", demo_assets.weights,
                           "--labels", demo_assets.labels], env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "images      30" in result.stdout
@@ -108,7 +108,7 @@ def test_spark_submit_embed_job_writes_one_vector_per_file(demo_assets, tmp_path
     job = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "embed.py")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     result = run_command([spark_submit, "--master", "local[2]", job, folder, str(tmp_path / "out"),
-                          "--model", "spark_cnn.models.demo:digits_cnn", "--weights", demo_assets.weights,
+                          "--model", "spark_cnn.models.digits:digits_cnn", "--weights", demo_assets.weights,
                           "--layer", "features"], env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "images      23" in result.stdout and "errors      3" in result.stdout
@@ -125,7 +125,7 @@ def test_spark_submit_embed_job_writes_one_vector_per_file(demo_assets, tmp_path
 @pytest.mark.parametrize("case", ["missing input", "unknown model", "output exists", "bad device", "bad max pixels"])
 def test_bad_configuration_is_one_line(spark_cnn, demo_assets, tmp_path, case):
     output = tmp_path / "out"
-    args = ["classify", demo_assets.images, str(output), "--model", "spark_cnn.models.demo:digits_cnn",
+    args = ["classify", demo_assets.images, str(output), "--model", "spark_cnn.models.digits:digits_cnn",
             "--weights", demo_assets.weights]
     if case == "missing input":
         args[1] = str(tmp_path / "nowhere")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spark_cnn.sidecar.launcher import find_sidecars
+from spark_cnn.task.launcher import find_sidecars
 
 pytestmark = pytest.mark.e2e
 

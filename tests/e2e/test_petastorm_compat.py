@@ -21,9 +21,9 @@ from PIL import Image
 from torchvision import transforms
 
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import rgb_from_npy
+from spark_cnn.imaging.pixels import rgb_from_npy
 from spark_cnn.imaging.preprocess import decode_rgb
-from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from tests.e2e.conftest import run_command
 from tests.e2e.petastorm_env import PetastormEnvError, petastorm_python
 

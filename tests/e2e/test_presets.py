@@ -11,7 +11,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from tests.e2e.conftest import run_command
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ from spark_cnn.errors import SidecarHung
 from spark_cnn.models.doubles import ECHO_PREPROCESSING, SLOW_ECHO_FACTORY
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
-from spark_cnn.sidecar.launcher import ensure_sidecar
+from spark_cnn.task.client import SidecarClient, map_ordered
+from spark_cnn.task.launcher import ensure_sidecar
 from tests.unit.test_sidecar_process import fake_app
 
 pytestmark = pytest.mark.e2e

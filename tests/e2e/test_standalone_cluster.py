@@ -16,7 +16,7 @@ import urllib.request
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from tests.e2e.conftest import JOB_TIMEOUT_S
 
 pytestmark = pytest.mark.e2e

@@ -7,8 +7,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark():
-    from spark_cnn.sidecar.launcher import find_sidecars, stop_sidecars
     from spark_cnn.spark.session import spark_session
+    from spark_cnn.task.launcher import find_sidecars, stop_sidecars
 
     session = spark_session(master="local[2]", app_name="spark_cnn-integration", quiet=True)
     app_id = session.sparkContext.applicationId

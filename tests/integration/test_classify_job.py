@@ -17,7 +17,7 @@ from torchvision import transforms
 from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import SUMMARY_FILE, classify
 from tests.images import broken_files, real_image_files, write_files

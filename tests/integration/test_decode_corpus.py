@@ -12,7 +12,7 @@ import pytest
 
 from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ImageError
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
 from tests.images import (

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_cnn.config import ClassifyConfig, EtlConfig
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.etl_job import STAGING, run_etl
 from tests.images import broken_files, write_files

@@ -16,13 +16,13 @@ from PIL import Image
 from spark_cnn.config import ClassifyConfig, InputOptions
 from spark_cnn.errors import ConfigError
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import LOCAL_FILES
+from spark_cnn.formats.encodings import LOCAL_FILES
 from spark_cnn.imaging.preprocess import decode_rgb
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
 from spark_cnn.spark.sources import detect_format, open_source
-from spark_cnn.spark.storage import listed_local_path, read_listed_file
+from spark_cnn.task.files import listed_local_path, read_listed_file
 
 pytestmark = pytest.mark.spark
 BROKEN = ("dog/broken.png", "cat/empty.png")

@@ -13,11 +13,11 @@ import time
 import pytest
 
 from spark_cnn.config import ClassifyConfig
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.launcher import find_sidecars
-from spark_cnn.sidecar.procs import ProcessId, is_alive
 from spark_cnn.spark.classify_job import SUMMARY_FILE, classify
+from spark_cnn.task.launcher import find_sidecars
+from spark_cnn.task.procs import ProcessId, is_alive
 from tests.faults import assert_same_output, committed_tasks, digits_subset, read_rows, wait_for
 
 pytestmark = pytest.mark.spark

@@ -19,8 +19,8 @@ from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.launcher import find_sidecars
 from spark_cnn.spark.classify_job import embed as embed_job
+from spark_cnn.task.launcher import find_sidecars
 from tests.images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.spark
@@ -136,11 +136,11 @@ def test_bad_model_fails_when_the_udf_is_created_not_in_a_task(spark, demo_asset
     with pytest.raises(ModelError, match="unknown model"):
         spark_cnn.cnn_udf("resnet_does_not_exist")
     with pytest.raises(ModelError, match="do not fit"):
-        spark_cnn.cnn_udf("spark_cnn.models.demo:digits_cnn", weights=mobilenet_weights)
+        spark_cnn.cnn_udf("spark_cnn.models.digits:digits_cnn", weights=mobilenet_weights)
     with pytest.raises(ConfigError, match="classes"):
-        spark_cnn.cnn_udf("spark_cnn.models.demo:digits_cnn", weights=demo_assets.weights, labels=["a", "b"])
+        spark_cnn.cnn_udf("spark_cnn.models.digits:digits_cnn", weights=demo_assets.weights, labels=["a", "b"])
     with pytest.raises(ModelError, match="--layer nope.*features"):
-        spark_cnn.embed(_binary_files(spark, demo_assets.images), model="spark_cnn.models.demo:digits_cnn",
+        spark_cnn.embed(_binary_files(spark, demo_assets.images), model="spark_cnn.models.digits:digits_cnn",
                         layer="nope")
     assert _jobs_run(spark) == jobs_before, "a Spark job ran before the model error"
 
@@ -166,6 +166,6 @@ def test_embed_job_with_layer_writes_path_embedding_error(spark, mixed_folder, m
 
 def test_on_error_fail_fails_the_query_naming_the_error(spark, demo_assets, tmp_path):
     folder = write_files(str(tmp_path / "broken"), {k: v for k, v in broken_files().items() if "truncated" in k})
-    strict = spark_cnn.cnn_udf("spark_cnn.models.demo:digits_cnn", weights=demo_assets.weights, on_error="fail")
+    strict = spark_cnn.cnn_udf("spark_cnn.models.digits:digits_cnn", weights=demo_assets.weights, on_error="fail")
     with pytest.raises(Exception, match=r"ImageError: image 0 of a batch of 1: cannot decode image"):
         _binary_files(spark, folder).select(strict("content")).collect()

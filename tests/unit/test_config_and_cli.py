@@ -10,11 +10,12 @@ from spark_cnn.cli import build_parser
 from spark_cnn.cli.classify import classify_config
 from spark_cnn.config import DEFAULT_REQUEST_ROWS, ClassifyConfig, parse_batch_size
 from spark_cnn.errors import ConfigError
-from spark_cnn.imaging.options import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING
+from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.spark.stats import SidecarStatsParam, sidecar_key
+from spark_cnn.spark.accumulators import SidecarStatsParam
+from spark_cnn.task.client import sidecar_key
 
 
 def _config(**changes) -> ClassifyConfig:

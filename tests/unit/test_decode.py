@@ -13,14 +13,14 @@ import pytest
 from PIL import Image
 from sklearn.datasets import load_sample_image
 
-from spark_cnn.bench.images import large_photo_jpegs
 from spark_cnn.errors import ConfigError, ImageError
 from spark_cnn.imaging import decode as decode_module
 from spark_cnn.imaging import fastjpeg, tiff
 from spark_cnn.imaging.decode import dct_scale, decode_for_resize, decode_rgb
-from spark_cnn.imaging.options import DEFAULT_MAX_PIXELS, DecodeOptions, pillow_pixel_ceiling
+from spark_cnn.imaging.limits import DEFAULT_MAX_PIXELS, DecodeOptions, pillow_pixel_ceiling
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
-from spark_cnn.sidecar.decoding import decode_on_host
+from spark_cnn.imaging.samples import large_photo_jpegs
+from spark_cnn.sidecar.batch_decode import decode_on_host
 from tests.images import (
     CORPUS_MAX_FILE_BYTES,
     CORPUS_MAX_PIXELS,

@@ -19,8 +19,8 @@ from PIL import Image
 from sklearn.datasets import load_sample_image
 
 from spark_cnn.imaging.preprocess import Preprocessing, decode_rgb, preprocess_pixels
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.decoding import _gpu_can_take, decode_on_gpu, decode_on_host, resize_crop_tensor
+from spark_cnn.sidecar.batch_decode import _gpu_can_take, decode_on_gpu, decode_on_host, resize_crop_tensor
+from spark_cnn.task import protocol
 
 PREP = Preprocessing()  # resize 256, crop 224
 # Measured on torch 2.14 / Pillow for the photos below: mean |diff| 0.08-0.16 grey levels, 99th percentile and

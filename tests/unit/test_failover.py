@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
-from spark_cnn.sidecar.client import map_ordered
-from spark_cnn.sidecar.failover import FailoverClient
+from spark_cnn.task.client import map_ordered
+from spark_cnn.task.failover import FailoverClient
 
 
 class FakeConnection:

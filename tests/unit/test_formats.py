@@ -17,7 +17,6 @@ from PIL import Image
 from spark_cnn.config import ClassifyConfig, InputOptions, PetastormConfig
 from spark_cnn.errors import ConfigError, ImageError, InputError
 from spark_cnn.formats import petastorm
-from spark_cnn.formats.pixels import preprocess_rgb, rgb_from_array, rgb_from_npy, rgb_from_spark_image
 from spark_cnn.formats.unischema import (
     CompressedImageCodec,
     NdarrayCodec,
@@ -29,6 +28,7 @@ from spark_cnn.formats.unischema import (
     spark_type,
 )
 from spark_cnn.imaging.decode import decode_rgb
+from spark_cnn.imaging.pixels import preprocess_rgb, rgb_from_array, rgb_from_npy, rgb_from_spark_image
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.sources import matches_glob

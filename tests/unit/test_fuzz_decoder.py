@@ -17,7 +17,7 @@ from PIL import Image
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
-from spark_cnn.sidecar.decoding import decode_on_host
+from spark_cnn.sidecar.batch_decode import decode_on_host
 
 PREP = Preprocessing(resize=32, crop=32)
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,

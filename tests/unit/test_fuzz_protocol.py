@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
-from spark_cnn.sidecar.procs import ProcessId, is_alive
-from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.task import protocol
+from spark_cnn.task.client import SidecarClient, map_ordered
+from spark_cnn.task.procs import ProcessId, is_alive
+from spark_cnn.task.protocol import Kind
 from tests.unit import test_sidecar_process as process_tests
 from tests.unit.test_sidecar_process import PIXEL_SHAPE, check_against_reference, random_pixels
 

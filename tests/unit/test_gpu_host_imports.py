@@ -21,7 +21,7 @@ def test_sidecar_and_bench_import_without_pyspark_or_sklearn():
         assert not loaded, loaded
 
         sys.modules["sklearn"] = None  # as if not installed: `import sklearn` raises ImportError
-        from spark_cnn.bench.images import bench_jpegs
+        from spark_cnn.imaging.samples import bench_jpegs
         files = bench_jpegs(3)
         assert len(files) == 3 and all(f.startswith(b"\\xff\\xd8\\xff") for f in files)
         print("ok")

@@ -8,8 +8,8 @@ import pytest
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging.decode import read_image_file
-from spark_cnn.imaging.options import DecodeOptions
-from spark_cnn.spark.storage import listed_local_path, read_listed_file
+from spark_cnn.imaging.limits import DecodeOptions
+from spark_cnn.task.files import listed_local_path, read_listed_file
 
 
 @pytest.mark.parametrize("listed, local", [

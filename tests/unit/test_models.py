@@ -14,7 +14,7 @@ from torch import nn
 
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module, declared_preprocessing
 from spark_cnn.models.resolve import resolve_endpoint
@@ -76,7 +76,7 @@ def _images(shape=PROBE) -> torch.Tensor:
     ("resnet50", "torchvision"),
     ("mobilenet_v3_small", "torchvision"),
     ("my_pkg.models:build", "factory"),
-    ("spark_cnn.models.demo:digits_cnn", "factory"),
+    ("spark_cnn.models.digits:digits_cnn", "factory"),
     ("model.pt", "torchscript"),
     ("/models/traced.torchscript", "torchscript"),
     ("dir/m.jit", "torchscript"),
@@ -123,7 +123,7 @@ def test_unknown_torchvision_name_is_a_model_error_naming_it():
 
 
 @pytest.mark.parametrize("source, fragment", [
-    ("spark_cnn.models.demo:no_such_factory", "cannot import 'no_such_factory' from 'spark_cnn.models.demo'"),
+    ("spark_cnn.models.digits:no_such_factory", "cannot import 'no_such_factory' from 'spark_cnn.models.digits'"),
     ("spark_cnn_no_such_module:factory", "cannot import 'factory' from 'spark_cnn_no_such_module'"),
 ])
 def test_missing_factory_is_a_model_error(source, fragment):

@@ -16,14 +16,14 @@ from spark_cnn.config import ClassifyConfig, InferenceOptions
 from spark_cnn.errors import ConfigError, ImageError, ModelError
 from spark_cnn.imaging.image_struct import image_struct_to_rgb, is_image_struct, preprocess_image_struct
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
-from spark_cnn.models.demo import DIGITS_FACTORY, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
 from spark_cnn.models.heads import Predictor, pool_spatial
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar.launcher import LaunchOptions
 from spark_cnn.spark.frames import inference_options
-from spark_cnn.spark.inference import InferencePlan, PartitionInference, _BatchState
 from spark_cnn.spark.udf import OUTPUT_TYPES, cnn_udf, output_frame
+from spark_cnn.task.launcher import LaunchOptions
+from spark_cnn.task.stream import InferencePlan, PartitionInference, _BatchState
 
 
 def _struct(rgb: np.ndarray, channels: int = 3) -> dict:

@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from spark_cnn.cli import build_parser, classify, etl
-from spark_cnn.cli.options import Option, flags_only, given, option_table, resolve
 from spark_cnn.cli.presets import load_preset, parse_preset
+from spark_cnn.cli.resolution import Option, flags_only, given, option_table, resolve
 from spark_cnn.cli.run import resolve_preset
 from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_REQUEST_ROWS, ClassifyConfig
 from spark_cnn.errors import ConfigError, InputError

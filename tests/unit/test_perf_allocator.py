@@ -11,14 +11,14 @@ import torch
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.imaging.tensors import normalise
-from spark_cnn.models.demo import DIGITS_FACTORY, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
+from spark_cnn.models.tensors import normalise
 from spark_cnn.perf import timemodel
-from spark_cnn.perf.allocator import GLIBC, RETAINED, SIDECAR_MALLOC_ENV, allocator_of, sidecar_environment
 from spark_cnn.perf.calibrate import calibrate
 from spark_cnn.perf.layers import analyse
 from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.validate import PICK_TARGET, _pick, measure_batch_ms, validate
+from spark_cnn.task.sidecar_env import GLIBC, RETAINED, SIDECAR_MALLOC_ENV, allocator_of, sidecar_environment
 
 GLIBC_HOST = platform.libc_ver()[0] == "glibc"
 

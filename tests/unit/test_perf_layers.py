@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from spark_cnn.errors import ConfigError, ModelError
-from spark_cnn.models.demo import DigitsCNN
+from spark_cnn.models.digits import DigitsCNN
 from spark_cnn.perf.layers import LayerCost, ModelCost, analyse
 
 F32 = 4  # bytes per element at the default dtype_bytes

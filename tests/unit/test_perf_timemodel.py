@@ -13,10 +13,9 @@ import torch
 from torch import nn
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.models.demo import DigitsCNN
+from spark_cnn.models.digits import DigitsCNN
 from spark_cnn.perf import calibrate as calibration
 from spark_cnn.perf import timemodel
-from spark_cnn.perf.allocator import GLIBC, allocator_of
 from spark_cnn.perf.calibrate import (
     CONV_BATCHES,
     CONV_GRID,
@@ -28,7 +27,6 @@ from spark_cnn.perf.calibrate import (
     DeviceProfile,
     calibrate,
     conv_backend,
-    default_threads,
     device_key,
     measure,
 )
@@ -43,6 +41,7 @@ from spark_cnn.perf.timemodel import (
     predict_throughput,
 )
 from spark_cnn.perf.validate import measure_batch_ms, measure_layers_ms, validate
+from spark_cnn.task.sidecar_env import GLIBC, allocator_of
 
 GFLOPS = 100.0          # the synthetic device: 100 GFLOP/s in every convolution and GEMM
 US_PER_BYTE = 1e-4      # elementwise curves: 10 GB/s
@@ -151,10 +150,11 @@ def test_cuda_without_cuda_says_so():
         calibrate("cuda", budget_s=1.0)
 
 
-def test_default_threads_is_the_sidecars():
-    from spark_cnn.sidecar.runner import cpu_threads
+def test_calibration_threads_are_the_sidecars():
+    # calibrate() times the device with the thread count a sidecar uses when none is asked for
+    from spark_cnn.task.sidecar_env import cpu_threads
 
-    assert default_threads() == cpu_threads(None)
+    assert device_key("cpu", None) == device_key("cpu", cpu_threads(None))
 
 
 def test_calibrate_is_cached_and_refreshable(tmp_path):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.perf.tuner import Choice, CurvePoint, OnlineTuner, choose_batch_size
+from spark_cnn.perf.tuner import Choice, CurvePoint, choose_batch_size
+from spark_cnn.sidecar.online_tuner import OnlineTuner
 
 
 def _curve(ms_by_size: dict[int, float], mib_per_image: int = 0) -> list[CurvePoint]:

@@ -21,7 +21,7 @@ from spark_cnn.imaging.preprocess import (
     preprocess_pixels,
     resize_shorter_side,
 )
-from spark_cnn.imaging.tensors import normalise
+from spark_cnn.models.tensors import normalise
 
 EXIF_ORIENTATION = 0x0112
 ROTATE_90_CW = 6  # EXIF Orientation 6: the stored image must be rotated 90 degrees clockwise to display

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from spark_cnn.sidecar import procs
-from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive, process_id
+from spark_cnn.task import procs
+from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive, process_id
 
 linux_only = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from spark_cnn.errors import SidecarError
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.protocol import (
+from spark_cnn.task import protocol
+from spark_cnn.task.protocol import (
     HEADER,
     MAX_PAYLOAD_BYTES,
     PIXELS_COLUMN,

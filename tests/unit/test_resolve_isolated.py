@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 
 SCRIPT = """
 import sys

@@ -17,15 +17,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from spark_cnn.imaging.tensors import normalise
-from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.models.tensors import normalise
+from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged
 from spark_cnn.sidecar.service import InferRequest, ModelService
-from spark_cnn.sidecar.stats import JobStats
+from spark_cnn.task import protocol
+from spark_cnn.task.protocol import Kind
 
 # Generous bounds for thread hand-offs: a passing test never waits for them, a hanging one fails after them.
 REPLY_WAIT_S = 10.0
@@ -500,7 +500,7 @@ class ShapedRunner(FakeRunner):
 
 
 def test_the_online_tuner_moves_the_target_to_the_measured_best():
-    from spark_cnn.perf.tuner import OnlineTuner
+    from spark_cnn.sidecar.online_tuner import OnlineTuner
 
     # device img/s by size: 8 -> 800, 16 -> 889, 32 -> 941, 64 -> 970 (the service adds its own per-batch cost)
     tuner = OnlineTuner(8, window=3, max_size=64)

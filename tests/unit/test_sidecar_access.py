@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from spark_cnn.errors import ModelError, SidecarError
-from spark_cnn.models.demo import DIGITS_FACTORY
+from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.loader import build_module
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.client import SidecarClient
-from spark_cnn.sidecar.launcher import RUNTIME_DIR_ENV, runtime_dir
-from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.task import protocol
+from spark_cnn.task.client import SidecarClient
+from spark_cnn.task.launcher import RUNTIME_DIR_ENV, runtime_dir
+from spark_cnn.task.protocol import Kind
 from tests.unit import test_sidecar_process as process_tests
 
 runtime, weights, endpoint, shared = (process_tests.runtime, process_tests.weights, process_tests.endpoint,

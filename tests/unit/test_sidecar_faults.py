@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from spark_cnn.errors import SidecarHung
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
-from spark_cnn.sidecar.failover import FailoverClient
-from spark_cnn.sidecar.faults import INJECT_OOM_ENV
-from spark_cnn.sidecar.launcher import ensure_sidecar
-from spark_cnn.sidecar.procs import ProcessId, is_alive
+from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV
+from spark_cnn.task.client import SidecarClient, map_ordered
+from spark_cnn.task.failover import FailoverClient
+from spark_cnn.task.launcher import ensure_sidecar
+from spark_cnn.task.procs import ProcessId, is_alive
 from tests.unit import test_sidecar_process as process_tests
 from tests.unit.test_sidecar_process import (
     check_against_reference,

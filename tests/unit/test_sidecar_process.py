@@ -33,14 +33,13 @@ import pytest
 import torch
 
 from spark_cnn.errors import SidecarError
-from spark_cnn.imaging.tensors import normalise
-from spark_cnn.models.demo import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import Endpoint, ModelSpec
-from spark_cnn.perf.allocator import sidecar_environment
-from spark_cnn.sidecar import launcher, protocol
-from spark_cnn.sidecar.client import SidecarClient, map_ordered
-from spark_cnn.sidecar.launcher import (
+from spark_cnn.models.tensors import normalise
+from spark_cnn.task import launcher, protocol
+from spark_cnn.task.client import SidecarClient, map_ordered
+from spark_cnn.task.launcher import (
     RUNTIME_DIR_ENV,
     LaunchOptions,
     SidecarInfo,
@@ -49,8 +48,9 @@ from spark_cnn.sidecar.launcher import (
     sidecar_name,
     stop_sidecars,
 )
-from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId, cmdline, is_alive, process_id
-from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, is_alive, process_id
+from spark_cnn.task.protocol import Kind
+from spark_cnn.task.sidecar_env import sidecar_environment
 
 # The sidecar checks its executor and idle timer every 0.5 s; 10 s leaves room for a loaded 2-core host.
 EXIT_WAIT_S = 10.0
@@ -221,8 +221,8 @@ def test_one_sidecar_per_key_visible_in_ps_with_private_files(shared, runtime):
 
 _RACE_SCRIPT = textwrap.dedent("""
     import os, sys, time
-    from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
-    from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId
+    from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
+    from spark_cnn.task.procs import ExecutorProcess, ProcessId
     pid, start_time, app_id, ready, go = sys.argv[1:]
     open(ready, "w").close()
     while not os.path.exists(go):

@@ -7,8 +7,8 @@ import threading
 import torch
 import torchvision
 
+from spark_cnn.models.tracing import TracingGate
 from spark_cnn.perf.layers import analyse
-from spark_cnn.perf.tracing import TracingGate
 from spark_cnn.sidecar.runner import FX_GATE
 
 

@@ -9,27 +9,26 @@ per input row, in input order, with `error` set where an image failed. No torch 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark import TaskContext
 
 from spark_cnn.errors import ImageError, SidecarError
-from spark_cnn.formats.pixels import ENCODED, FILE_ENCODINGS, LOCAL_FILES, decoded_rgb, preprocess_rgb
+from spark_cnn.formats.encodings import ENCODED, FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.imaging.decode import check_file_size
 from spark_cnn.imaging.image_struct import preprocess_image_struct
-from spark_cnn.imaging.options import DecodeOptions
+from spark_cnn.imaging.limits import DecodeOptions
+from spark_cnn.imaging.pixels import preprocess_rgb
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.sidecar.client import REPLY_TIMEOUT_S, SidecarClient, map_ordered
-from spark_cnn.sidecar.failover import FailoverClient
-from spark_cnn.sidecar.launcher import LaunchOptions, ensure_sidecar
-from spark_cnn.sidecar.protocol import ERROR_COLUMN
-from spark_cnn.spark.stats import sidecar_key
-from spark_cnn.spark.storage import read_listed_file
+from spark_cnn.task.client import REPLY_TIMEOUT_S, SidecarClient, map_ordered, sidecar_key
+from spark_cnn.task.failover import FailoverClient
+from spark_cnn.task.files import read_listed_file
+from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
+from spark_cnn.task.protocol import ERROR_COLUMN
 
 INPUT_COLUMNS = ("path", "content")
 NULL_IMAGE = "the row has no image (null)"
@@ -80,6 +79,24 @@ class InferencePlan:
     carry: tuple[str, ...] = ()  # input columns copied to the output unchanged (e.g. true_label)
 
 
+def _as_given(name: str) -> str:
+    return name
+
+
+def _no_gpus() -> Sequence[str]:
+    return ()
+
+
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """What a task asks the engine that runs it: the local path of a file shipped with the job, and the GPU
+    addresses the scheduler gave this task. `spark/executor.py` answers for Spark; the defaults (paths as
+    given, no GPU) serve a task run in-process."""
+
+    shipped_file: Callable[[str], str] = _as_given
+    gpu_addresses: Callable[[], Sequence[str]] = _no_gpus
+
+
 @dataclass
 class _BatchState:
     """One input record batch on its way through the sidecar. `paths` name the rows in error messages (file
@@ -96,14 +113,15 @@ class PartitionInference:
 
     `content` is image file bytes or a Spark image struct (see imaging/image_struct.py)."""
 
-    def __init__(self, plan: InferencePlan, stats_accumulator=None):
+    def __init__(self, plan: InferencePlan, stats_accumulator=None, environment: TaskEnvironment = TaskEnvironment()):
         self.plan = plan
         self.stats = stats_accumulator
+        self.environment = environment
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         inputs = ((batch.column(INPUT_COLUMNS[0]).to_pylist(), batch.column(INPUT_COLUMNS[1]), batch)
                   for batch in batches)
-        for state in infer_batches(self.plan, inputs, self.stats):
+        for state in infer_batches(self.plan, inputs, self.stats, self.environment):
             yield self.assemble(state)
 
     def assemble(self, state: _BatchState) -> pa.RecordBatch:
@@ -151,8 +169,8 @@ class PartitionInference:
         return columns
 
 
-def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]],
-                  stats_accumulator=None) -> Iterator[_BatchState]:
+def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]], stats_accumulator=None,
+                  environment: TaskEnvironment = TaskEnvironment()) -> Iterator[_BatchState]:
     """Stream input batches (row names, image column) through this executor's sidecar; one state per batch.
 
     The image column is binary (files: decoded here, or by the sidecar when `plan.decode` says so; with
@@ -166,8 +184,8 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
         return
     pixels_given = pa.types.is_struct(first[1].type) or plan.encoding not in FILE_ENCODINGS
     decode = "task" if pixels_given else plan.decode  # decoded pixels never go as files
-    endpoint = plan.endpoint.localised(_shipped_file)
-    launch = _with_task_device(plan.launch)
+    endpoint = plan.endpoint.localised(environment.shipped_file)
+    launch = _with_task_device(plan.launch, environment.gpu_addresses())
 
     def connect() -> SidecarClient:  # again after a sidecar died: ensure_sidecar then starts a new one
         info = ensure_sidecar(launch)
@@ -256,16 +274,8 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
         yield (state, None), None
 
 
-def _shipped_file(name: str) -> str:
-    from pyspark import SparkFiles
-    return SparkFiles.get(name)
-
-
-def _with_task_device(launch: LaunchOptions) -> LaunchOptions:
-    """Use the GPU Spark's resource scheduling gave this task, when it gave one and the job allows CUDA."""
-    context = TaskContext.get()
-    gpus = context.resources().get("gpu") if context is not None else None
-    if gpus is None or not gpus.addresses or launch.device == "cpu":
+def _with_task_device(launch: LaunchOptions, gpu_addresses: Sequence[str]) -> LaunchOptions:
+    """Use the GPU the scheduler gave this task, when it gave one and the job allows CUDA."""
+    if not gpu_addresses or launch.device == "cpu":
         return launch
-    from dataclasses import replace
-    return replace(launch, device=f"cuda:{gpus.addresses[0]}")
+    return replace(launch, device=f"cuda:{gpu_addresses[0]}")

@@ -1,5 +1,5 @@
-"""The glibc malloc settings a CPU sidecar runs with, and how to tell which settings a process has. Torch-free:
-the launcher (inside Spark tasks) imports it.
+"""The process environment a sidecar runs with: glibc malloc settings and its torch thread count, and how to tell
+which malloc settings a process has. Torch-free: the launcher (inside Spark tasks) and offline calibration import it.
 
 With glibc's defaults, torch's CPU tensors above the dynamic mmap threshold (at most 32 MiB) are mapped afresh
 on every call and the heap top is trimmed back to the kernel, so every batch writes fresh pages: measured on
@@ -17,7 +17,7 @@ resident size stays at its largest batch's peak instead of returning to the kern
   large blocks per layer, so one arena's lock costs nothing measurable.
 
 glibc reads these variables once, when the process starts: they must be in the environment the process is
-started with (spark_cnn.sidecar.launcher does so; validation's fresh processes too). The time model predicts
+started with (spark_cnn.task.launcher does so; validation's fresh processes too). The time model predicts
 for a process with these settings unless told otherwise (spark_cnn.perf.timemodel, `allocator`).
 """
 
@@ -27,7 +27,7 @@ import os
 import platform
 from collections.abc import Mapping
 
-__all__ = ["GLIBC", "RETAINED", "SIDECAR_MALLOC_ENV", "allocator_of", "sidecar_environment"]
+__all__ = ["GLIBC", "RETAINED", "SIDECAR_MALLOC_ENV", "allocator_of", "cpu_threads", "sidecar_environment"]
 
 SIDECAR_MALLOC_ENV = {
     "MALLOC_ARENA_MAX": "1",
@@ -73,3 +73,12 @@ def _int(text: str | None) -> int:
         return int(text or 0)
     except ValueError:
         return 0
+
+
+def cpu_threads(requested: int | None) -> int:
+    """Torch threads for a CPU sidecar: as asked, else half the cores.
+
+    The sidecar shares its cores with the tasks that decode for it: OpenMP's parallel regions stall whenever
+    another process takes one of their cores, so fewer threads serve more images (docs/benchmarks.md).
+    """
+    return requested or max(1, (os.cpu_count() or 2) // 2)

@@ -17,9 +17,9 @@ from PIL import Image
 from torch import nn
 
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
-from spark_cnn.imaging.tensors import normalise
+from spark_cnn.models.tensors import normalise
 
-DIGITS_FACTORY = "spark_cnn.models.demo:digits_cnn"
+DIGITS_FACTORY = "spark_cnn.models.digits:digits_cnn"
 # 8x8 digits upscaled to 32x32: two 2x poolings leave an 8x8 map, as large as the original image.
 DIGITS_PREPROCESSING = Preprocessing(resize=32, crop=32, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 # Seconds on 2 CPU cores; reaches ~0.99 accuracy on the held-out third of the digits.
@@ -46,7 +46,7 @@ class DigitsCNN(nn.Module):
 
 
 def digits_cnn() -> DigitsCNN:
-    """Factory for `--model spark_cnn.models.demo:digits_cnn`."""
+    """Factory for `--model spark_cnn.models.digits:digits_cnn`."""
     return DigitsCNN()
 
 

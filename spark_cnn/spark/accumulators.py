@@ -18,6 +18,3 @@ class SidecarStatsParam(AccumulatorParam):
                 value1[key] = snapshot
         return value1
 
-
-def sidecar_key(snapshot: dict) -> str:
-    return f"{snapshot['host']}:{snapshot['pid']}"

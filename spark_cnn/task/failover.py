@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
-from spark_cnn.sidecar.client import SidecarClient
-from spark_cnn.sidecar.launcher import retire_sidecar
-from spark_cnn.sidecar.procs import process_id
+from spark_cnn.task.client import SidecarClient
+from spark_cnn.task.launcher import retire_sidecar
+from spark_cnn.task.procs import process_id
 
 log = logging.getLogger("spark_cnn.failover")
 

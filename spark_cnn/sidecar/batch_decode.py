@@ -20,9 +20,9 @@ import torch
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging.decode import check_file_size, check_pixels
-from spark_cnn.imaging.options import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
-from spark_cnn.sidecar.options import DECODE_PLACES  # noqa: F401  (re-exported: where decoding can happen)
+from spark_cnn.task.run_options import DECODE_PLACES  # noqa: F401  (re-exported: where decoding can happen)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 EXIF_ORIENTATION_TAG = 0x0112

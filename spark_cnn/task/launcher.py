@@ -22,9 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from spark_cnn.errors import SidecarError
-from spark_cnn.perf.allocator import sidecar_environment
-from spark_cnn.sidecar import procs
-from spark_cnn.sidecar.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
+from spark_cnn.task import procs
+from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
+from spark_cnn.task.sidecar_env import sidecar_environment
 
 RUNTIME_DIR_ENV = "SPARK_CNN_RUNTIME_DIR"
 # Importing torch and loading a large model on a busy host can take a minute; beyond three something is wrong.
@@ -165,7 +165,7 @@ def _start(base: str, options: LaunchOptions, executor: ExecutorProcess) -> Side
     with open(base + ".log", "ab") as log_file:
         # A new session: the sidecar outlives the Python worker that started it, and signals to the worker's
         # process group do not reach it. It ends with its executor (watched pid) or when idle.
-        # malloc settings that keep freed memory: no fresh pages per batch (spark_cnn.perf.allocator).
+        # malloc settings that keep freed memory: no fresh pages per batch (spark_cnn.task.sidecar_env).
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=sidecar_environment())
     threading.Thread(target=proc.wait, name="sidecar-reaper", daemon=True).start()  # no zombie if it exits first

@@ -1,4 +1,4 @@
-"""Inputs that arrive already decoded: Spark's image source (BGR rows) and NumPy arrays (petastorm NdarrayCodec).
+"""Pixels that arrive already decoded: Spark's image source (BGR rows) and NumPy arrays (petastorm NdarrayCodec).
 
 They skip decoding but go through the same resize and centre crop as image files, so one picture gives the
 same model input whichever way it was stored. Everything here is torch-free: it runs in Spark tasks.
@@ -14,16 +14,6 @@ from PIL import Image
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging.modes import rgba_array_to_rgb
 from spark_cnn.imaging.preprocess import Preprocessing, center_crop, resize_shorter_side
-
-# How the `content` column of a source holds its images.
-ENCODED = "encoded"          # image files (JPEG, PNG, ...): decoded in the task or the sidecar
-LOCAL_FILES = "local_files"  # no content: the task reads the image file `path` names (a local or shared mount)
-SPARK_IMAGE = "spark_image"  # Spark's image source: BGR(A)/gray uint8 rows with height, width, channels
-NPY = "npy"                  # numpy.save bytes of a uint8 (H, W), (H, W, 1|3|4) array
-ENCODINGS = (ENCODED, LOCAL_FILES, SPARK_IMAGE, NPY)
-# Encodings whose images are files (decoded by the task or the sidecar), as opposed to decoded pixels.
-FILE_ENCODINGS = (ENCODED, LOCAL_FILES)
-NPY_MAGIC = b"\x93NUMPY"
 
 
 def rgb_from_spark_image(data: bytes, height: int, width: int, channels: int) -> np.ndarray:
@@ -75,12 +65,3 @@ def preprocess_rgb(rgb: np.ndarray, prep: Preprocessing) -> np.ndarray:
     if pixels.shape != prep.pixel_shape:
         raise ImageError(f"preprocessed image has shape {pixels.shape}, expected {prep.pixel_shape}")
     return pixels
-
-
-def decoded_rgb(encoding: str, content: bytes, height=None, width=None, channels=None) -> np.ndarray:
-    """The RGB pixels of one decoded-pixel row (encoding SPARK_IMAGE or NPY)."""
-    if encoding == SPARK_IMAGE:
-        return rgb_from_spark_image(content, height, width, channels)
-    if encoding == NPY:
-        return rgb_from_npy(content)
-    raise ValueError(f"not a decoded-pixel encoding: {encoding}")

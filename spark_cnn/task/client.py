@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.sidecar import protocol
-from spark_cnn.sidecar.protocol import Kind
+from spark_cnn.task import protocol
+from spark_cnn.task.protocol import Kind
 
 # A reply slower than this means the sidecar hangs; the task fails and Spark retries it. A request waits behind
 # at most the queue bound (8 device batches) and the other tasks' requests: seconds on a GPU, about a minute
@@ -167,3 +167,8 @@ def _message(frame: protocol.Frame) -> str:
         return str(frame.json().get("message", frame.json()))
     except ValueError:
         return f"<{frame.kind.name} message>"
+
+
+def sidecar_key(snapshot: dict) -> str:
+    """Which sidecar a stats snapshot came from: host and pid name it for the life of a job."""
+    return f"{snapshot['host']}:{snapshot['pid']}"
