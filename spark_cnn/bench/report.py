@@ -6,7 +6,8 @@ import json
 
 from spark_cnn.bench.variants import VARIANTS
 
-# The issue's targets on the 2-core machine: (what, ratio needed, models it applies to; None: all).
+# The project's throughput targets on the 2-core machine (docs/benchmarks.md): (what, ratio needed, models it
+# applies to; None: all).
 TARGETS = (
     ("spark_cnn / limit", "spark_cnn", "limit", 0.9, None),
     ("spark_cnn / predict_batch_udf", "spark_cnn", "predict_batch_udf", 1.8, ("mobilenet_v3_small",)),
@@ -63,7 +64,7 @@ def table(entry: dict) -> str:
 
 
 def write_json(path: str, entries: list[dict]) -> None:
-    """One model: the entry itself (DESIGN.md's bench JSON); several: a list of entries, one per model."""
+    """One model: the entry itself (README's bench JSON); several: a list of entries, one per model."""
     with open(path, "w") as f:
         json.dump(entries[0] if len(entries) == 1 else entries, f, indent=2, default=str)
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd  # the row UDF's type hints are resolved in this module's namespace
 
-BATCH_SIZE = 32  # what the issue fixes for bare and predict_batch_udf
+BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 MASTER = "local[2]"
 VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", "limit")
 # Batch sizes the model-only measurement tries at one thread; the limit takes the fastest.
@@ -241,7 +241,7 @@ def pipeline_limit(decode_per_s: float, model_per_s: dict[int, float], cores: in
     work and nothing else, `cores` core-seconds per second give cores / (decode + compute) images/s. Serving,
     Spark and copies cost extra, so a real pipeline stays below this.
 
-    >>> round(pipeline_limit(184.0, {1: 117.0, 2: 196.0}, 2), 1)  # the issue's figures: near 143
+    >>> round(pipeline_limit(184.0, {1: 117.0, 2: 196.0}, 2), 1)  # the 2-core figures of docs/benchmarks.md
     143.0
     """
     compute_core_s = min(threads / rate for threads, rate in model_per_s.items() if rate > 0)

@@ -25,9 +25,8 @@ DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_FILE_BYTES_CEILING = 512 * 1024 * 1024
 JPEG_DECODERS = ("auto", "pillow", "simplejpeg")
 # Reduced DCT decoding keeps the decoded shorter side >= this many times the resize target, so the antialiased
-# resize after it still averages >= 2 pixels per output pixel. Measured with `spark-cnn bench-decode` on 2400-
-# 4000 px photos (docs/benchmarks.md, "Reading side"): against full decode + resize 256, headroom 2 differs by
-# 0.21 grey levels on average (max 4) at 2.9x the full decode's speed; headroom 1 by 0.66 (max 16) at 4.3x.
+# resize after it still averages >= 2 pixels per output pixel: within a fraction of a grey level of a full
+# decode at about 3x its speed (`spark-cnn bench-decode`, docs/benchmarks.md "Reading side").
 DEFAULT_DCT_HEADROOM = 2
 
 

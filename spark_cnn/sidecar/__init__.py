@@ -1,4 +1,5 @@
-"""The per-executor sidecar: server (process), batcher (pure), runner (device), client and launcher.
+"""The per-executor sidecar process (torch): server, model service, batcher (pure), runner (device), decoding of
+files sent whole, where images decode, and the online batch-size tuner.
 
-Importing this package stays light (no torch): tasks import the client and the launcher.
+Tasks never import this package: they reach the sidecar through spark_cnn.task (client, launcher, protocol).
 """

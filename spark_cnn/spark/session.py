@@ -12,11 +12,10 @@ from pyspark.sql import SparkSession
 # large photos.
 ARROW_MAX_RECORDS_PER_BATCH = 64
 ARROW_MAX_BYTES_PER_BATCH = 64 << 20
-# Spark counts each file as at least 4 MB when it packs files into partitions (openCostInBytes), so images of
-# ~35 KB get 32 per partition, and every task's fixed cost (JVM scheduling, a Python worker hand-off, a sidecar
-# connection) is shared by 32 images only. Measured on the 2-core host (1,536 JPEGs, a pass-through mapInArrow,
-# local[2]): 48 partitions cost the JVM 3.7 ms and the Python workers 1.2 ms of CPU per image; at 256 KB, 4
-# partitions of ~440 images cost 1.9 and 0.1 ms. Large datasets still split at maxPartitionBytes (128 MB).
+# Spark counts each file as at least 4 MB when it packs files into partitions (openCostInBytes), so small images
+# get ~32 per partition and every task's fixed cost (scheduling, a Python worker, a sidecar connection) is
+# shared by few; at 256 KB partitions hold ~440 images and the per-image JVM and worker CPU halves
+# (docs/benchmarks.md). Large datasets still split at maxPartitionBytes (128 MB).
 IMAGE_FILE_OPEN_COST_BYTES = 256 << 10
 LOG4J2_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 

@@ -2,19 +2,16 @@
 which malloc settings a process has. Torch-free: the launcher (inside Spark tasks) and offline calibration import it.
 
 With glibc's defaults, torch's CPU tensors above the dynamic mmap threshold (at most 32 MiB) are mapped afresh
-on every call and the heap top is trimmed back to the kernel, so every batch writes fresh pages: measured on
-the 2-core development host (docs/perf-model.md), mobilenet_v2 at batch 16 faulted 90 882 pages per batch and
-took 356 ms, at batch 32 895 ms; started with SIDECAR_MALLOC_ENV the same runs faulted none and took 195 and
-407 ms. A sidecar runs the same shapes again and again, so keeping freed memory is what it wants: its
-resident size stays at its largest batch's peak instead of returning to the kernel in between.
+on every call and the heap top is trimmed back to the kernel, so every batch faults fresh pages (about half of
+a batch's time for mobilenet_v2: docs/perf-model.md). A sidecar runs the same shapes again and again, so it
+keeps freed memory: its resident size stays at its largest batch's peak.
 
 - MALLOC_MMAP_MAX_=0: never mmap an allocation; everything comes from the heap and is reused.
 - MALLOC_TRIM_THRESHOLD_=16 GiB: never give the heap top back (that would fault it in again next batch).
 - MALLOC_TOP_PAD_=256 MiB: grow the heap in large steps, so the first large batches fault fewer times.
-- MALLOC_ARENA_MAX=1: one arena for all threads. The sidecar computes in a service thread; a thread's own
-  arena lives in 64 MiB mmapped heaps that glibc still unmaps and re-maps (mobilenet_v2 batch 16 in a thread
-  with the three settings above faulted 37 634 pages per batch; with one arena, none). torch allocates a few
-  large blocks per layer, so one arena's lock costs nothing measurable.
+- MALLOC_ARENA_MAX=1: one arena for all threads. The sidecar computes in service threads, and a thread's own
+  arena lives in 64 MiB mmapped heaps that glibc still unmaps and re-maps; torch allocates a few large blocks
+  per layer, so one arena's lock costs nothing measurable.
 
 glibc reads these variables once, when the process starts: they must be in the environment the process is
 started with (spark_cnn.task.launcher does so; validation's fresh processes too). The time model predicts

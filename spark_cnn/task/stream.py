@@ -34,12 +34,12 @@ INPUT_COLUMNS = ("path", "content")
 NULL_IMAGE = "the row has no image (null)"
 TOPK_TYPE = pa.list_(pa.struct([("label", pa.int32()), ("score", pa.float32())]))
 VECTOR_TYPE = pa.list_(pa.float32())
-# The embed output (DESIGN.md): one embedding per image.
+# The embed output: one embedding per image.
 EMBED_COLUMNS = ("path", "embedding", "error")
 
 
 def output_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
-    """The classify output columns (DESIGN.md): path, label, label_name, score, topk, error [, logits, embedding]."""
+    """The classify output columns: path, label, label_name, score, topk, error [, logits, embedding]."""
     fields = [("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
               ("score", pa.float32()), ("topk", TOPK_TYPE), ("error", pa.string())]
     if logits:
