@@ -13,8 +13,8 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
 from spark_cnn.models.tensors import normalise
-from spark_cnn.perf import timemodel
-from spark_cnn.perf.calibrate import calibrate
+from spark_cnn.perf import heap as heap_replay
+from spark_cnn.perf.calibration import calibrate
 from spark_cnn.perf.layers import analyse
 from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.validate import PICK_TARGET, _pick, measure_batch_ms, validate
@@ -39,7 +39,7 @@ def test_allocator_of_reads_the_settings():
 
 
 def test_retained_heap_faults_only_while_it_grows():
-    heap = timemodel._Heap(32 << 20, retained=True)
+    heap = heap_replay.Heap(32 << 20, retained=True)
     sizes = [64 << 20, 8 << 20, 100 << 20, 1 << 20]
     for _ in range(3):
         before = heap.faulted
@@ -47,7 +47,7 @@ def test_retained_heap_faults_only_while_it_grows():
             heap.free(chunk)
         grown = heap.faulted - before
     assert grown == 0 and heap.faulted == sum(sizes)  # the first pass grows to the peak, then all is reused
-    glibc = timemodel._Heap(32 << 20)
+    glibc = heap_replay.Heap(32 << 20)
     for _ in range(3):
         before = glibc.faulted
         for chunk in [glibc.malloc(size) for size in sizes]:
