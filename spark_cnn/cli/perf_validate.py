@@ -19,7 +19,8 @@ def register(commands) -> None:
     parser.add_argument("--point-budget-s", type=float, default=DEFAULT_POINT_BUDGET_S)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the sidecar's)")
     parser.add_argument("--layers-at", type=int, default=None, help="per-layer report at this batch size")
-    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--cache-dir", default=None,
+                        help="device profiles (default: $SPARK_CNN_CACHE_DIR, else ~/.cache/spark_cnn/devices)")
     parser.add_argument("--refresh", action="store_true", help="calibrate again")
     parser.add_argument("--calibrate-each", action="store_true",
                         help="calibrate again before each model, so that on a busy host the profile and the "
@@ -33,6 +34,7 @@ def register(commands) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     from spark_cnn.perf.calibration import calibrate
+    from spark_cnn.perf.startpoint import profile_cache_dir
     from spark_cnn.perf.validate import result_table, summary_table, validate
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -40,7 +42,7 @@ def run_validate(args: argparse.Namespace) -> int:
     profile = None
     for name in args.models.split(","):
         if profile is None or args.calibrate_each:
-            profile = calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir,
+            profile = calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir or profile_cache_dir(),
                                 refresh=args.refresh or args.calibrate_each, clock=args.clock)
             profiles.append({"before": name, "key": profile.key, "created": profile.created,
                              "calibration_s": profile.calibration_s, "notes": list(profile.notes)})
