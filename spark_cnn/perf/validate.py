@@ -150,8 +150,8 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
 
 
 def _interpreter_overhead_ms(interpreter: type, nodes: int = 50, repeats: int = 5) -> float:
-    """What running a node through the timing interpreter adds to the node (about 7 us per node on the
-    development host): a chain of in-place ReLUs on one element, through the interpreter and called directly."""
+    """What running a node through the timing interpreter adds to the node (a few microseconds): a chain of
+    in-place ReLUs on one element, through the interpreter and called directly."""
     chain = nn.Sequential(*[nn.ReLU(inplace=True) for _ in range(nodes)])
     graph = torch.fx.symbolic_trace(chain)
     x = torch.zeros(1)
