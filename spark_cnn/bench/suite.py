@@ -135,7 +135,7 @@ def ensure_device_profile() -> str:
     """Calibrate this host's CPU once (cached), as a deployment does, so the sidecar starts from the analytical
     model's batch size; outside every measured run. The quick bench skips it: the sidecar then starts from its
     default and the online tuner alone moves it."""
-    from spark_cnn.perf.calibrate import calibrate
+    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.startpoint import cached_profile, profile_cache_dir
     profile = cached_profile("cpu")
     if profile is not None:

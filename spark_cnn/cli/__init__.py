@@ -10,13 +10,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spark_cnn.cli import bench, bench_compare, bench_decode, classify, demo, embed, etl, perf, run, to_petastorm
+from spark_cnn.cli import (
+    bench,
+    bench_compare,
+    bench_decode,
+    classify,
+    demo,
+    embed,
+    etl,
+    perf,
+    perf_validate,
+    run,
+    to_petastorm,
+)
 from spark_cnn.errors import SparkCnnError
 
 EXIT_ERROR = 2
 
 # In the order `spark-cnn --help` lists them.
-COMMAND_MODULES = (classify, embed, etl, run, demo, bench, bench_compare, bench_decode, perf, to_petastorm)
+COMMAND_MODULES = (classify, embed, etl, run, demo, bench, bench_compare, bench_decode, perf, perf_validate,
+                   to_petastorm)
 
 
 def build_parser() -> argparse.ArgumentParser:

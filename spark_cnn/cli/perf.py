@@ -6,6 +6,7 @@ import argparse
 
 from spark_cnn.cli.common import write_json
 from spark_cnn.errors import SparkCnnError
+from spark_cnn.models.timing import DEFAULT_BATCH_SIZES
 
 
 def register(commands) -> None:
@@ -13,7 +14,8 @@ def register(commands) -> None:
     profile.add_argument("--model", required=True, help="torchvision model name, TorchScript file, or module:factory")
     profile.add_argument("--weights", help="state_dict file (time does not depend on the values)")
     profile.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
-    profile.add_argument("--batch-sizes", default="1,2,4,8,16,32,64", help="comma-separated batch sizes")
+    profile.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+                         help="comma-separated batch sizes")
     profile.add_argument("--threads", type=int, help="torch CPU threads (default: the sidecar's, half the cores)")
     profile.add_argument("--tuning", default="performance", choices=["performance", "memory"])
     profile.add_argument("--validate", action="store_true", help="also measure each batch size and report errors")

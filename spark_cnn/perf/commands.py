@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.models.timing import DEFAULT_BATCH_SIZES
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 TOP_LAYERS = 15
 MIB = 1 << 20
 
@@ -34,10 +34,10 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
                   validate: bool = False, threads: int | None = None, tuning: str = "performance",
                   memory_budget_bytes: int | None = None, refresh: bool = False,
                   calibration_s: float | None = None) -> dict:
-    """The profile JSON (DESIGN.md): {"model", "device", "points": [{batch_size, predicted_ms, measured_ms?}],
+    """The profile JSON: {"model", "device", "points": [{batch_size, predicted_ms, measured_ms?}],
     "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's reasoning and, with `validate`, the
     measured best batch and how close the pick came to it."""
-    from spark_cnn.perf.calibrate import calibrate
+    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms, predict_peak_memory_bytes
 
     if not batch_sizes or any(b < 1 for b in batch_sizes):
@@ -154,7 +154,7 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
     """
     import os
 
-    from spark_cnn.perf.calibrate import calibrate
+    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.timemodel import predict_batch_ms
 
     if images < 1 or executors < 1:

@@ -11,7 +11,7 @@ import os
 
 from torch import nn
 
-from spark_cnn.perf.calibrate import DEFAULT_CACHE_DIR, DeviceProfile, device_key
+from spark_cnn.perf.calibration import DEFAULT_CACHE_DIR, DeviceProfile, device_key
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 
 # Where device profiles are cached, if not calibrate()'s default: tests point it at an empty folder so that

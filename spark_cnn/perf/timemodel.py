@@ -12,22 +12,22 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
   channels per group, output channels, output size, kernel, stride and batch. oneDNN vectorises channels in
   blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16. The
-  backend follows torch's own rule (`calibrate.conv_backend`): on one thread a 1x1 convolution below batch
+  backend follows torch's own rule (`calibration.conv_backend`): on one thread a 1x1 convolution below batch
   16 is a GEMM per image, from 16 on a oneDNN kernel, which is why per-image time can jump between 8 and 16.
   Linear layers interpolate the calibrated GEMMs the same way, normalised by a roofline (FLOPs against
   weight bytes streamed). Everything else reads its operator's calibrated time-vs-bytes curve, which holds
   its overhead at small sizes and its cache and memory bandwidth at large ones (log-log interpolation).
   Non-leaf modules (Sequentials, blocks) cost one calibrated call each ("<modules>").
-- **faults**: fresh pages, the term that grows fastest with the batch on a CPU. glibc gives large tensors
-  pages that fault when first written (about 1.7 us per 4 KiB page on the development host: 0.4 ms per MiB,
-  more than a batch norm's arithmetic); which tensors do depends on sizes and lifetimes, so the model
-  replays the forward's allocations through a reduced glibc (`_Heap`, below). The sidecar starts with
-  malloc settings that keep freed memory (`spark_cnn.task.sidecar_env`), so by default (`allocator=RETAINED`)
-  the replay finds no fresh pages once the heap has grown to the batch's peak; `allocator=GLIBC` predicts a
+- **faults**: fresh pages, the term that grows fastest with the batch on a CPU: glibc gives large tensors
+  pages that fault when first written, and which tensors do depends on sizes and lifetimes, so the forward's
+  allocations are replayed through a reduced glibc (`spark_cnn.perf.heap`). The sidecar starts with malloc
+  settings that keep freed memory (`spark_cnn.task.sidecar_env`), so by default (`allocator=RETAINED`) the
+  replay finds no fresh pages once the heap has grown to the batch's peak; `allocator=GLIBC` predicts a
   process with glibc's defaults.
 
-The layout is channels-last throughout, as in the sidecar (see calibrate.py). Elementwise activations and
-residual adds are taken to run in place, as torchvision's do (ReLU(inplace=True), `out += identity`).
+The layout is channels-last throughout, as in the sidecar (see spark_cnn.perf.calibration). Elementwise
+activations and residual adds are taken to run in place, as torchvision's do (ReLU(inplace=True),
+`out += identity`).
 
 >>> from torch import nn                                                   # doctest: +SKIP
 >>> cost = analyse(nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU()), (3, 64, 64))   # doctest: +SKIP
@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.perf.calibrate import DeviceProfile, conv_backend
+from spark_cnn.perf.calibration import DeviceProfile, conv_backend
+from spark_cnn.perf.heap import PAGE_BYTES, faulted_bytes
 from spark_cnn.perf.layers import LayerCost, ModelCost
 from spark_cnn.task.sidecar_env import GLIBC, RETAINED
 
@@ -62,10 +63,8 @@ CHANNEL_BLOCK = 16
 NEIGHBOURS = 4
 SOFTENING = 0.05
 # Feature weights of the convolution interpolation, per log2 unit: channels and size matter most; the batch
-# changes per-image time little once the fixed cost is taken out. The batch's 0.5 was re-checked with the
-# batch-32 points of profile version 2 by leave-one-out over the calibrated grid (never a network): call-time
-# error 12.1% at 0.5 against 12.4-13.6% at 0.25-2.0 leaving one point out, tied best (12.7%) leaving out
-# a whole shape (docs/perf-model.md, "Calibration").
+# changes per-image time little once the fixed cost is taken out (0.5 checked by leave-one-out over the
+# calibrated grid, never a network: docs/perf-model.md, "Calibration").
 CONV_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0, 1.5, 1.5, 0.5])
 GEMM_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0])
 # Nominal rates that normalise linear layers before interpolation (a roofline's two roofs; calibrated points
@@ -77,7 +76,7 @@ NORMALISE_LAYER = "<normalise>"
 HEADS_LAYER = "<heads>"
 MODULES_LAYER = "<modules>"
 
-# Layer op -> calibrated curve; ops that write in place (no new tensor); ops whose curve is keyed on input size.
+# Layer op -> calibrated curve; ops whose curve is keyed on input size.
 _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu6", "clamp_min": "relu",
            "hardswish": "hardswish", "hardsigmoid": "hardsigmoid", "silu": "silu", "sigmoid": "sigmoid",
            "gelu": "gelu", "tanh": "sigmoid", "elu": "sigmoid", "leaky_relu": "relu6", "mish": "gelu",
@@ -86,8 +85,6 @@ _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu
            "adaptive_avg_pool2d": "adaptive_avg_pool2d", "mean": "mean", "sum": "mean", "softmax": "sigmoid",
            "log_softmax": "sigmoid", "layer_norm": "batch_norm", "group_norm": "batch_norm",
            "normalise": "normalise", "heads": "heads"}
-_IN_PLACE = {"relu", "relu6", "hardtanh", "clamp", "clamp_min", "hardswish", "hardsigmoid", "silu", "add",
-             "leaky_relu"}
 _KEYED_ON_INPUT = {"adaptive_avg_pool2d", "mean", "sum", "adaptive_max_pool2d"}
 _MODULE_CALLS = {"dropout", "identity", "stochastic_depth", "flatten"}
 
@@ -397,194 +394,15 @@ def _conv_shape(layer: LayerCost, batch: int, profile: DeviceProfile) -> _ConvSh
     return _ConvShape(cin, cout, kernel, stride, groups, in_hw, out_hw, batch, backend)
 
 
-# --- page faults: glibc's allocator replayed over a forward ---------------------------------------------------
-#
-# glibc's malloc (the CPU allocator under torch) maps an allocation at or above its mmap threshold afresh,
-# so every page of it faults when written, and returns it on free; smaller ones come from the heap, which
-# grows (new pages fault) and is trimmed back to the kernel whenever its free top exceeds the trim threshold.
-# Both thresholds move: freeing a mapped chunk of up to 32 MiB raises the mmap threshold to its size and the
-# trim threshold to twice that. Which tensors fault therefore depends on their sizes and lifetimes, so the
-# model replays a forward's allocations through a reduced allocator and charges each layer the bytes that
-# faulted while it ran. Lifetimes come from the layers' shapes (LayerCost has no edges): a layer reads the
-# most recent tensor of its input shape, plus, when it reads more bytes than that (add, mul, cat), the
-# tensors that a residual, a squeeze-excitation or a concatenation would (see _resolve_inputs).
-
-PAGE_BYTES = 4096
-GLIBC_MMAP_THRESHOLD_MIN = 128 << 10   # DEFAULT_MMAP_THRESHOLD_MIN: where the dynamic thresholds start
-GLIBC_TOP_PAD = 128 << 10              # DEFAULT_TOP_PAD: kept mapped above the top when the heap is trimmed
-# Forwards replayed: the thresholds and the heap settle by the third; the last one's faults are charged.
-REPLAYED_FORWARDS = 3
-_MERGES = {"add", "cat", "stack"}
-
-
-class _Heap:
-    """glibc's main arena reduced to what decides page faults: best-fit free chunks, a top that grows and is
-    trimmed, and the dynamic mmap and trim thresholds. Addresses are byte offsets; `faulted` counts bytes."""
-
-    def __init__(self, max_mmap_threshold: int, *, settled: bool = True, retained: bool = False):
-        self.max_mmap_threshold = max_mmap_threshold
-        self.mmap_threshold = self.trim_threshold = GLIBC_MMAP_THRESHOLD_MIN
-        if settled:  # a process that has freed a large mapped chunk (loading a model does): thresholds at the top
-            self.mmap_threshold, self.trim_threshold = max_mmap_threshold, 2 * max_mmap_threshold
-        if retained:  # SIDECAR_MALLOC_ENV: no mmap, no trim, fixed thresholds
-            self.max_mmap_threshold = self.mmap_threshold = self.trim_threshold = math.inf
-        self.chunks: list[list] = []  # [start, size, free], in address order, ending at self.top
-        self.top = 0                  # where the free top region starts
-        self.mapped = 0               # pages below this are resident
-        self.faulted = 0
-
-    def malloc(self, size: int) -> list:
-        """A free chunk (best fit) if one is large enough, else the top if its mapped part is, else a fresh
-        mapping when `size` is at least the mmap threshold, else a top grown into fresh pages."""
-        size = max(int(size), 1)
-        fits = [c for c in self.chunks if c[2] and c[1] >= size]
-        if fits:
-            chunk = min(fits, key=lambda c: c[1])
-            index = self.chunks.index(chunk)
-            if chunk[1] > size:
-                self.chunks.insert(index + 1, [chunk[0] + size, chunk[1] - size, True])
-            chunk[1], chunk[2] = size, False
-            return chunk
-        if size >= self.mmap_threshold and self.mapped - self.top < size:
-            self.faulted += size
-            return [None, size, False]
-        chunk = [self.top, size, False]
-        self.chunks.append(chunk)
-        self.top += size
-        if self.top > self.mapped:
-            self.faulted += self.top - self.mapped
-            self.mapped = self.top
-        return chunk
-
-    def free(self, chunk: list) -> None:
-        if chunk[0] is None:  # a mapped chunk: unmapped, and the thresholds may rise to its size, which
-            # (request + header, rounded up to a page) exceeds the request: the same request comes from the heap
-            mapped = -(-(chunk[1] + 16) // PAGE_BYTES) * PAGE_BYTES
-            if self.mmap_threshold < mapped <= self.max_mmap_threshold:
-                self.mmap_threshold, self.trim_threshold = mapped, 2 * mapped
-            return
-        chunk[2] = True
-        index = self.chunks.index(chunk)
-        if index + 1 < len(self.chunks) and self.chunks[index + 1][2]:
-            chunk[1] += self.chunks.pop(index + 1)[1]
-        if index > 0 and self.chunks[index - 1][2]:
-            self.chunks[index - 1][1] += self.chunks.pop(index)[1]
-        while self.chunks and self.chunks[-1][2]:
-            self.top = self.chunks.pop()[0]
-        if self.mapped - self.top >= self.trim_threshold:
-            self.mapped = self.top + GLIBC_TOP_PAD
-
-
-class _Tensor:
-    __slots__ = ("shape", "nbytes", "merge", "consumers", "reshapers", "merged")
-
-    def __init__(self, shape: tuple, nbytes: int, merge: bool = False):
-        self.shape, self.nbytes, self.merge = shape, nbytes, merge
-        self.consumers: list[int] = []
-        self.reshapers = 0    # consumers whose output had another shape: this tensor fed a branch
-        self.merged = False   # already read by a merge (add, mul, cat): its branch has been joined
-
-
-def _resolve_inputs(layers: Sequence[LayerCost]) -> tuple[list[list[_Tensor]], list[_Tensor | None]]:
-    """Each layer's input tensors and its new output tensor (None when it writes in place or moves nothing),
-    reconstructed from shapes and byte counts."""
-    produced: list[_Tensor] = []
-    inputs: list[list[_Tensor]] = []
-    outputs: list[_Tensor | None] = []
-    current: _Tensor | None = None
-    for i, layer in enumerate(layers):
-        in_shape = tuple(layer.shape.get("in_shape") or ())
-        out_shape = tuple(layer.shape.get("out_shape") or in_shape)
-        if current is None:  # the sidecar's pixels -> the first layer's new tensor
-            inputs.append([])
-            current = _Tensor(out_shape, layer.output_bytes)
-            produced.append(current)
-            outputs.append(current)
-            continue
-        primary = next((t for t in reversed(produced) if t.shape == in_shape), current)
-        chosen = [primary]
-        missing = layer.input_bytes - primary.nbytes
-        if missing > 0:
-            chosen += _extra_inputs(layer.op, produced, primary, current, missing)
-        for tensor in chosen:
-            tensor.consumers.append(i)
-            if out_shape != tensor.shape:
-                tensor.reshapers += 1
-            if layer.op in _MERGES or layer.op == "mul":
-                tensor.merged = True
-        inputs.append(chosen)
-        if layer.output_bytes == 0 or (layer.op in _IN_PLACE and out_shape == primary.shape):
-            if layer.op in _MERGES:
-                primary.merge = True
-            outputs.append(None)
-            current = primary
-        else:
-            current = _Tensor(out_shape, layer.output_bytes, merge=layer.op in _MERGES)
-            produced.append(current)
-            outputs.append(current)
-    return inputs, outputs
-
-
-def _extra_inputs(op: str, produced: list[_Tensor], primary: _Tensor, current: _Tensor,
-                  missing: int) -> list[_Tensor]:
-    """The other inputs of a layer that reads `missing` more bytes than its primary input."""
-    others = [t for t in reversed(produced) if t is not primary]
-    if op in ("cat", "stack"):  # same spatial size; unconsumed branch outputs first, most recent first
-        spatial = primary.shape[2:]
-        fits = [t for t in others if t.shape[2:] == spatial]
-        chosen = []
-        for tensor in sorted(fits, key=lambda t: bool(t.consumers)):
-            if missing <= 0:
-                break
-            if tensor.nbytes <= missing:
-                chosen.append(tensor)
-                missing -= tensor.nbytes
-        return chosen
-    if current is not primary and current.nbytes <= missing:  # a scale or gate just computed
-        return [current]
-    same = [t for t in others if t.nbytes == missing and not t.merged]
-    for rule in (lambda t: not t.consumers, lambda t: t.merge, lambda t: t.reshapers > 0):
-        found = next((t for t in same if rule(t)), None)
-        if found is not None:
-            return [found]
-    return same[-1:] if same else []  # the oldest of that size: where the run of equal shapes began
+# --- page faults (spark_cnn.perf.heap replays the allocations) -----------------------------------------------
 
 
 def _faulted_bytes(layers: Sequence[LayerCost], batch: int, scale: float, profile: DeviceProfile, *,
                    retained: bool = False) -> list[int]:
     """Bytes of fresh pages each layer writes in the steady state of repeated forwards at `batch` (`retained`:
     an allocator that never maps nor trims, SIDECAR_MALLOC_ENV)."""
-    inputs, outputs = _resolve_inputs(layers)
-    last_use: dict[int, int] = {}
-    for i, tensors in enumerate(inputs):
-        for tensor in tensors:
-            last_use[id(tensor)] = i
-    end = len(layers) - 1
-    for tensor in outputs:
-        if tensor is not None:
-            last_use.setdefault(id(tensor), end)  # never read (a model output): lives to the end
-    dies: dict[int, list[_Tensor]] = {}
-    for tensor in outputs:
-        if tensor is not None:
-            dies.setdefault(last_use[id(tensor)], []).append(tensor)
-    temporaries = [_temporary_bytes(layer, batch, profile) for layer in layers]
-    pixels = batch * layers[0].input_bytes  # the staged uint8 batch (the first layer is the normalisation)
-    heap = _Heap(profile.mmap_threshold_bytes or (32 << 20), retained=retained)
-    faulted = [0] * len(layers)
-    for _ in range(REPLAYED_FORWARDS):
-        staged = heap.malloc(pixels)
-        live: dict[int, list] = {}
-        for i, tensor in enumerate(outputs):
-            before = heap.faulted
-            if tensor is not None:
-                live[id(tensor)] = heap.malloc(tensor.nbytes * batch * scale)
-            if temporaries[i]:
-                heap.free(heap.malloc(temporaries[i]))
-            for dead in dies.get(i, ()):
-                heap.free(live.pop(id(dead)))
-            faulted[i] = heap.faulted - before
-        heap.free(staged)
-    return faulted
+    return faulted_bytes(layers, batch, scale, mmap_threshold_bytes=profile.mmap_threshold_bytes or (32 << 20),
+                         temporaries=[_temporary_bytes(layer, batch, profile) for layer in layers], retained=retained)
 
 
 def _temporary_bytes(layer: LayerCost, batch: int, profile: DeviceProfile) -> int:

@@ -3,14 +3,15 @@ measurement's own repeatability, and a per-layer report of where the prediction 
 
 What is timed is what the time model predicts: the sidecar's compute stage for one batch (normalise uint8
 NHWC pixels, the model, softmax and top-k), with the profile's thread count, under `torch.inference_mode`,
-after warm-up, keeping the minimum of repeated calls, each batch size in a fresh process (see validate())
-that runs the sidecar's own ModelRunner in a service thread, started with the sidecar's malloc settings
-(spark_cnn.task.sidecar_env): the layout, allocator and thread the sidecar really uses.
+after warm-up, keeping the minimum of repeated calls (spark_cnn.models.timing), each batch size in a fresh
+process (`python -m spark_cnn.sidecar.measure`, see validate()) that runs the sidecar's own ModelRunner in a
+service thread, started with the sidecar's malloc settings (spark_cnn.task.sidecar_env): the layout, allocator
+and thread the sidecar really uses.
 Each batch size is measured in `sweeps` separate passes over all sizes; the point's measurement is the best
 of them, and how much the sweeps disagree is the repeatability reported beside the MAPE. Models are built
 with random weights (no downloads); time does not depend on the weights' values.
 
-    python -m spark_cnn.perf.validate --models resnet18,mobilenet_v3_small --batch-sizes 1,2,4,8,16,32,64
+    spark-cnn validate --models resnet18,mobilenet_v3_small --batch-sizes 1,2,4,8,16,32,64
 
 Beside the error it checks the tuner: the batch size the tuner picks from the predicted curve, and the
 fraction of the best measured throughput of the sweep that it reaches (target >= PICK_TARGET).
@@ -18,124 +19,80 @@ fraction of the best measured throughput of the sweep that it reaches (target >=
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import multiprocessing
 import os
+import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from spark_cnn import errors
 from spark_cnn.errors import ConfigError
-from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
 from spark_cnn.models.tensors import normalise
-from spark_cnn.perf.calibrate import CLOCKS, DeviceProfile, calibrate
+from spark_cnn.models.timing import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_POINT_BUDGET_S,
+    DEFAULT_REPEATS,
+    DEFAULT_SWEEPS,
+    DEFAULT_WARMUP,
+    check_options,
+    preprocessing_for,
+    random_pixels,
+    settle_allocator,
+    time_batches,
+    timed,
+)
+from spark_cnn.perf.calibration import DeviceProfile, calibrate
+from spark_cnn.perf.child_env import sidecar_child_env
 from spark_cnn.perf.layers import DEFAULT_INPUT_SHAPE, ModelCost, analyse
 from spark_cnn.perf.timemodel import HEADS_LAYER, NORMALISE_LAYER, predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 from spark_cnn.task.sidecar_env import allocator_of, sidecar_environment
 
-__all__ = ["DEFAULT_BATCH_SIZES", "layer_report", "measure_batch_ms", "measure_layers_ms", "settle_allocator",
-           "validate"]
+__all__ = ["DEFAULT_BATCH_SIZES", "LARGE_BATCH", "PICK_TARGET", "layer_report", "measure_batch_ms",
+           "measure_layers_ms", "settle_allocator", "validate"]
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
-# Calls per point. The first call at a new batch size builds oneDNN's kernels for the new shapes and the
-# next ones still find the allocator unsettled (squeezenet1_0 at batch 8: 254, 194, 170, then 164 +- 3 ms),
-# so 3 warm-up calls. Then up to 5 timed calls within the point's budget: heavy points (googlenet at batch 64
-# runs for 3 s on one core) get fewer, never fewer than MIN_REPEATS.
-DEFAULT_REPEATS = 5
-DEFAULT_WARMUP = 3
-MIN_REPEATS = 2
-DEFAULT_POINT_BUDGET_S = 4.0
-DEFAULT_SWEEPS = 2
-# The issue's targets: MAPE over batch >= 8, and over every size; the tuner's pick within 5% of the best.
+# The targets docs/perf-model.md reports against: MAPE over batch >= 8 and over every size; the tuner's pick
+# within 5% of the best measured throughput.
 LARGE_BATCH = 8
 PICK_TARGET = 0.95
 
 
-# glibc raises its mmap threshold to the size of a freed mapped chunk, up to 32 MiB: tensors below it then come
-# from the heap. A long-running sidecar gets there with its first large batch; so does this process here, so
-# that what is measured does not depend on what ran before (the time model assumes the same state).
-SETTLE_BYTES = (32 << 20) - (16 << 10)
-
-
-def settle_allocator() -> None:
-    """Put glibc's malloc in the state of a process that has run large batches (CPU; harmless elsewhere)."""
-    torch.empty(SETTLE_BYTES // 4).fill_(0.0)
-
-
-def _stage(module_or_runner: Any, input_shape: Sequence[int], batch: int) -> Callable[[], Any]:
-    """A call that runs the sidecar's compute stage once on a fixed batch of random pixels."""
-    settle_allocator()
-    channels, height, width = input_shape
-    if channels != 3:
-        raise ConfigError(f"input_shape {tuple(input_shape)}: the sidecar feeds RGB images, (3, H, W)")
-    pixels = np.random.default_rng(0).integers(0, 256, (batch, height, width, 3), dtype=np.uint8)
-    if isinstance(module_or_runner, nn.Module):
-        prep = Preprocessing(resize=max(height, width), crop=height) if height == width else Preprocessing()
-        predictor = Predictor(module_or_runner.eval(), top_k=DEFAULT_TOP_K)
-        staged = torch.from_numpy(pixels)
-
-        def run_module() -> Any:
-            with torch.inference_mode():
-                return predictor.predict(normalise(staged, prep))
-        return run_module
-    runner = module_or_runner
-    if not hasattr(runner, "forward") or not hasattr(runner, "upload"):
-        raise ConfigError(f"expected an nn.Module or a ModelRunner, got {type(runner).__name__}")
-    staged_batch = runner.upload(pixels)
-    cuda = getattr(runner, "cuda", False)
-
-    def run_runner() -> Any:
-        pending = runner.forward(staged_batch)
-        if cuda:
-            torch.cuda.synchronize(runner.device)
-        return pending
-    return run_runner
-
-
-def measure_batch_ms(module_or_runner: Any, input_shape: Sequence[int], batch: int, *,
+def measure_batch_ms(module: nn.Module, input_shape: Sequence[int], batch: int, *,
                      repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP,
                      point_budget_s: float | None = DEFAULT_POINT_BUDGET_S, clock: str = "wall") -> tuple[float, float]:
-    """(minimum ms, spread) of the sidecar's compute stage on `batch` images of `input_shape` (3, H, W), with
-    an nn.Module (normalise + module + heads, as ModelRunner.forward) or a ModelRunner. `spread` is
-    (median - min) / min over the timed calls. At most `point_budget_s` of timed calls, at least MIN_REPEATS
-    (or `repeats`, if fewer). `clock` as in spark_cnn.perf.calibrate.CLOCKS ("cpu": this thread's CPU time).
+    """(minimum ms, spread) of the sidecar's compute stage (normalise + module + heads, as ModelRunner.forward)
+    on `batch` images of `input_shape` (3, H, W), in this process and thread. `spread` is (median - min) / min
+    over the timed calls. At most `point_budget_s` of timed calls, at least MIN_REPEATS (or `repeats`, if
+    fewer). `clock` as in spark_cnn.models.timing.CLOCKS ("cpu": this thread's CPU time). The sidecar's own
+    ModelRunner is timed in a process of its own (validate(), `python -m spark_cnn.sidecar.measure`).
 
     >>> ms, spread = measure_batch_ms(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten()), (3, 32, 32), 2,
     ...                               repeats=3, warmup=1)
     >>> ms > 0 and spread >= 0
     True
     """
-    if repeats < 1 or warmup < 0:
-        raise ConfigError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats} warmup={warmup}")
-    if clock not in CLOCKS:
-        raise ConfigError(f"clock must be one of {', '.join(CLOCKS)}, got {clock!r}")
-    run = _stage(module_or_runner, input_shape, batch)
-    for _ in range(warmup):
-        run()
-    times = [_timed(run, CLOCKS[clock])]
-    if point_budget_s is not None:
-        repeats = max(min(repeats, MIN_REPEATS), min(repeats, int(point_budget_s / max(times[0], 1e-9))))
-    while len(times) < repeats:
-        times.append(_timed(run, CLOCKS[clock]))
-    best, median = min(times), float(np.median(times))
-    return best * 1e3, max(median - best, 0.0) / best
+    check_options(repeats=repeats, warmup=warmup, clock=clock)
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"expected an nn.Module, got {type(module).__name__}; the sidecar's ModelRunner is "
+                          "measured in its own process: validate(..., isolate=True) or "
+                          "python -m spark_cnn.sidecar.measure")
+    settle_allocator()
+    staged = torch.from_numpy(random_pixels(input_shape, batch))
+    prep = preprocessing_for(input_shape)
+    predictor = Predictor(module.eval(), top_k=DEFAULT_TOP_K)
 
-
-def _timed(run: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
-    start = clock()
-    run()
-    return clock() - start
+    def run() -> Any:
+        with torch.inference_mode():
+            return predictor.predict(normalise(staged, prep))
+    return time_batches(run, repeats=repeats, warmup=warmup, point_budget_s=point_budget_s, clock=clock)
 
 
 def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int, *,
@@ -149,9 +106,8 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
     """
     graph = torch.fx.symbolic_trace(module.eval())
     settle_allocator()
-    channels, height, width = input_shape
-    pixels = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (batch, height, width, 3), dtype=np.uint8))
-    prep = Preprocessing(resize=max(height, width), crop=height) if height == width else Preprocessing()
+    pixels = torch.from_numpy(random_pixels(input_shape, batch))
+    prep = preprocessing_for(input_shape)
     heads = Predictor(nn.Identity(), top_k=DEFAULT_TOP_K)
     best: dict[str, float] = {}
 
@@ -194,19 +150,19 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
 
 
 def _interpreter_overhead_ms(interpreter: type, nodes: int = 50, repeats: int = 5) -> float:
-    """What running a node through the timing interpreter adds to the node (about 7 us per node on the
-    development host): a chain of in-place ReLUs on one element, through the interpreter and called directly."""
+    """What running a node through the timing interpreter adds to the node (a few microseconds): a chain of
+    in-place ReLUs on one element, through the interpreter and called directly."""
     chain = nn.Sequential(*[nn.ReLU(inplace=True) for _ in range(nodes)])
     graph = torch.fx.symbolic_trace(chain)
     x = torch.zeros(1)
     with torch.inference_mode():
-        direct = min(_timed(lambda: chain(x)) for _ in range(repeats)) / nodes
+        direct = min(timed(lambda: chain(x)) for _ in range(repeats)) / nodes
         per_node = []
         for _ in range(repeats):
-            timed = interpreter(graph)
-            timed.times, timed.seen, timed.count = {}, set(), {}
-            timed.run(x)
-            per_node.append(sorted(timed.times.values())[nodes // 2])
+            probe = interpreter(graph)
+            probe.times, probe.seen, probe.count = {}, set(), {}
+            probe.run(x)
+            per_node.append(sorted(probe.times.values())[nodes // 2])
     return max(min(per_node) - direct, 0.0) * 1e3
 
 
@@ -244,8 +200,8 @@ class _threads:
         torch.set_num_threads(self.previous)
 
 
-def _mape(errors: list[float]) -> float | None:
-    return round(100 * sum(abs(e) for e in errors) / len(errors), 2) if errors else None
+def _mape(relative: list[float]) -> float | None:
+    return round(100 * sum(abs(e) for e in relative) / len(relative), 2) if relative else None
 
 
 def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
@@ -258,9 +214,9 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     With `isolate` (the default when the model is given by name), every point is measured in a new Python
     process that builds the model and runs only that batch size: a sidecar serving one batch size from its
     own process, started with the sidecar's environment (its malloc settings), running the sidecar's
-    ModelRunner in a thread. In one process, what ran before (smaller batches, other models) changes how
-    glibc's default allocator faults: squeezenet1_0 at batch 8 took 160 ms fresh and 175 to 235 ms after
-    batches 1 and 2. The prediction assumes the allocator of the process that measured (see allocator_of).
+    ModelRunner in a thread (`python -m spark_cnn.sidecar.measure`). In one process, what ran before (smaller
+    batches, other models) changes how glibc's default allocator faults (docs/perf-model.md, "Validation").
+    The prediction assumes the allocator of the process that measured (see allocator_of).
     `clock` "cpu" times the computing thread's CPU time instead of wall time: on a busy host, what an idle
     one would measure (give it a profile calibrated with the same clock).
 
@@ -343,61 +299,29 @@ def _pick(points: list[dict[str, Any]], runs: dict[int, list[float]]) -> dict[st
 
 def _measure_in_fresh_process(model_name: str, input_shape: tuple, batch: int, threads: int,
                               options: dict) -> tuple[float, float, str]:
-    """(ms, spread, allocator) of one point, measured in a new process started with the sidecar's
-    environment."""
-    context = multiprocessing.get_context("spawn")
-    with _environment(sidecar_environment()):  # glibc reads its malloc settings when a process starts
-        pool = context.Pool(1)
-    with pool:
-        return pool.apply(_measure_model, (model_name, input_shape, batch, threads, options))
+    """(ms, spread, allocator) of one point, measured by `python -m spark_cnn.sidecar.measure` in a new process
+    started with the sidecar's environment (glibc reads its malloc settings when a process starts)."""
+    budget = options["point_budget_s"]
+    argv = [sys.executable, "-m", "spark_cnn.sidecar.measure", "--model", model_name,
+            "--input-shape", ",".join(map(str, input_shape)), "--batch", str(batch), "--threads", str(threads),
+            "--repeats", str(options["repeats"]), "--warmup", str(options["warmup"]),
+            "--point-budget-s", "none" if budget is None else repr(float(budget)), "--clock", options["clock"]]
+    done = subprocess.run(argv, env=sidecar_child_env(), capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the measuring process for {model_name} at batch {batch} failed (exit status "
+                           f"{done.returncode}: {tail[0]}); run {' '.join(argv[1:])} to see the whole error") from None
+    if "error" in reply:
+        kind = getattr(errors, reply["error"], None)
+        kind = kind if isinstance(kind, type) and issubclass(kind, errors.SparkCnnError) else errors.SparkCnnError
+        raise kind(reply["message"])
+    return reply["ms"], reply["spread"], reply["allocator"]
 
 
-class _environment:
-    """Set os.environ to `env` for a block (what processes started in it inherit), then restore it."""
-
-    def __init__(self, env: dict[str, str]):
-        self.env = env
-
-    def __enter__(self):
-        self.previous = dict(os.environ)
-        os.environ.update(self.env)
-
-    def __exit__(self, *exc):
-        for name in set(os.environ) - set(self.previous):
-            del os.environ[name]
-        os.environ.update(self.previous)
-
-
-def _measure_model(model_name: str, input_shape: tuple, batch: int, threads: int,
-                   options: dict) -> tuple[float, float, str]:
-    """In the measuring process: the sidecar's ModelRunner for `model_name` (random weights), timed in a
-    thread as the sidecar's service computes."""
-    from spark_cnn.models.spec import Endpoint
-    from spark_cnn.sidecar.runner import ModelRunner
-
-    torch.set_num_threads(threads)
-    height = input_shape[1]
-    prep = Preprocessing(resize=max(input_shape[1:]), crop=height) if input_shape[1] == input_shape[2] \
-        else Preprocessing()
-    endpoint = Endpoint(source=model_name, weights=None, preprocessing=prep, top_k=DEFAULT_TOP_K)
-    runner = ModelRunner(endpoint, torch.device("cpu"))
-    outcome: dict[str, Any] = {}
-
-    def compute() -> None:
-        try:
-            outcome["result"] = measure_batch_ms(runner, input_shape, batch, **options)
-        except BaseException as e:  # re-raised in the caller's thread
-            outcome["error"] = e
-
-    thread = threading.Thread(target=compute, name="validate-compute")
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return (*outcome["result"], allocator_of())
-
-
-def _table(result: dict[str, Any]) -> str:
+def result_table(result: dict[str, Any]) -> str:
     lines = [f"{result['model']}: MAPE {result['mape']}% (batch >= {LARGE_BATCH}: {result['mape_ge8']}%), "
              f"sweeps differ by {result['repeatability']['mean_pct']}% on average "
              f"(max {result['repeatability']['max_pct']}%), load {result['load']}, {result['seconds']} s, "
@@ -415,49 +339,7 @@ def _table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m spark_cnn.perf.validate",
-                                     description="Measure models' per-batch latency against the time model.")
-    parser.add_argument("--models", required=True, help="comma-separated torchvision model names")
-    parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--sweeps", type=int, default=DEFAULT_SWEEPS)
-    parser.add_argument("--point-budget-s", type=float, default=DEFAULT_POINT_BUDGET_S)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the sidecar's)")
-    parser.add_argument("--layers-at", type=int, default=None, help="per-layer report at this batch size")
-    parser.add_argument("--cache-dir", default=None)
-    parser.add_argument("--refresh", action="store_true", help="calibrate again")
-    parser.add_argument("--calibrate-each", action="store_true",
-                        help="calibrate again before each model, so that on a busy host the profile and the "
-                             "measurements see the same conditions")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
-                             "host; also used for calibrating with --refresh or --calibrate-each)")
-    parser.add_argument("--json", default=None, help="write all results to this file")
-    args = parser.parse_args(argv)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    results, profiles, started = [], [], time.perf_counter()
-    profile = None
-    for name in args.models.split(","):
-        if profile is None or args.calibrate_each:
-            profile = calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir,
-                                refresh=args.refresh or args.calibrate_each, clock=args.clock)
-            profiles.append({"before": name, "key": profile.key, "created": profile.created,
-                             "calibration_s": profile.calibration_s, "notes": list(profile.notes)})
-            print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
-        options = {"repeats": args.repeats, "sweeps": args.sweeps, "point_budget_s": args.point_budget_s,
-                   "layers_at": args.layers_at, "clock": args.clock}
-        result = validate(name, batch_sizes, profile, **options)
-        results.append(result)
-        print(_table(result), flush=True)
-    print(_summary(results, time.perf_counter() - started), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"profile": profile.key, "profiles": profiles, "results": results}, f, indent=1)
-    return 0
-
-
-def _summary(results: list[dict[str, Any]], seconds: float) -> str:
+def summary_table(results: list[dict[str, Any]], seconds: float) -> str:
     """One Markdown row per model: the figures docs/perf-model.md reports."""
     lines = [f"all models: {seconds / 60:.1f} min",
              "| model | MAPE batch >= 8 | MAPE 1..64 | sweeps differ (mean / max) | worst point | tuner pick "
@@ -472,6 +354,3 @@ def _summary(results: list[dict[str, Any]], seconds: float) -> str:
                      f"{pick['measured_best_batch_size']}) | {r['load'][0]} -> {r['load'][1]} |")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

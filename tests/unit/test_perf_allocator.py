@@ -3,18 +3,21 @@ its models, and validation in fresh processes that run as the sidecar does."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import pathlib
 import platform
 
 import pytest
 import torch
 
-from spark_cnn.errors import ConfigError
+import spark_cnn
+from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
 from spark_cnn.models.tensors import normalise
-from spark_cnn.perf import timemodel
-from spark_cnn.perf.calibrate import calibrate
+from spark_cnn.perf import heap as heap_replay
+from spark_cnn.perf.calibration import calibrate
 from spark_cnn.perf.layers import analyse
 from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.validate import PICK_TARGET, _pick, measure_batch_ms, validate
@@ -39,7 +42,7 @@ def test_allocator_of_reads_the_settings():
 
 
 def test_retained_heap_faults_only_while_it_grows():
-    heap = timemodel._Heap(32 << 20, retained=True)
+    heap = heap_replay.Heap(32 << 20, retained=True)
     sizes = [64 << 20, 8 << 20, 100 << 20, 1 << 20]
     for _ in range(3):
         before = heap.faulted
@@ -47,7 +50,7 @@ def test_retained_heap_faults_only_while_it_grows():
             heap.free(chunk)
         grown = heap.faulted - before
     assert grown == 0 and heap.faulted == sum(sizes)  # the first pass grows to the peak, then all is reused
-    glibc = timemodel._Heap(32 << 20)
+    glibc = heap_replay.Heap(32 << 20)
     for _ in range(3):
         before = glibc.faulted
         for chunk in [glibc.malloc(size) for size in sizes]:
@@ -111,3 +114,29 @@ def test_cpu_clock_times_the_computing_thread(tmp_path):
         calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="sundial")
     with pytest.raises(ConfigError, match="one torch thread|threads=1"):
         calibrate("cpu", threads=2, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="cpu")
+
+
+def test_isolated_validation_reports_the_measuring_process_error_as_its_own(digits_cost_and_profile):
+    # the worker builds the model by name: its ModelError crosses the process boundary as a ModelError
+    _, profile = digits_cost_and_profile
+    with pytest.raises(ModelError, match="no_such_module"):
+        validate("no_such_module:factory", [1], profile, module=DigitsCNN(), input_shape=(3, 32, 32), repeats=1,
+                 warmup=0, sweeps=1, isolate=True)
+
+
+def _imported_modules(path: pathlib.Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+    return modules
+
+
+def test_perf_and_the_sidecars_measuring_process_meet_only_across_a_process():
+    package = pathlib.Path(spark_cnn.__file__).parent
+    for path in (package / "perf").rglob("*.py"):
+        assert not {m for m in _imported_modules(path) if m.startswith("spark_cnn.sidecar")}, path
+    for path in (package / "sidecar" / "measure.py", package / "models" / "timing.py"):
+        assert not {m for m in _imported_modules(path) if m.startswith("spark_cnn.perf")}, path

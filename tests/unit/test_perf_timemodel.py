@@ -14,15 +14,9 @@ from torch import nn
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.digits import DigitsCNN
-from spark_cnn.perf import calibrate as calibration
+from spark_cnn.perf import heap as heap_replay
 from spark_cnn.perf import timemodel
-from spark_cnn.perf.calibrate import (
-    CONV_BATCHES,
-    CONV_GRID,
-    GEMM_ROWS,
-    LARGE_CONV_BATCH,
-    LARGE_CONV_MAX_OUT_HW,
-    POINTWISE_ONEDNN_BATCH,
+from spark_cnn.perf.calibration import (
     PROFILE_VERSION,
     DeviceProfile,
     calibrate,
@@ -30,6 +24,15 @@ from spark_cnn.perf.calibrate import (
     device_key,
     measure,
 )
+from spark_cnn.perf.calibration import conv_bench as convolutions
+from spark_cnn.perf.calibration.conv_bench import (
+    CONV_BATCHES,
+    CONV_GRID,
+    LARGE_CONV_BATCH,
+    LARGE_CONV_MAX_OUT_HW,
+    POINTWISE_ONEDNN_BATCH,
+)
+from spark_cnn.perf.calibration.gemm_bench import GEMM_ROWS
 from spark_cnn.perf.layers import LayerCost, analyse
 from spark_cnn.perf.timemodel import (
     HEADS_LAYER,
@@ -70,7 +73,7 @@ def synthetic_conv(large_batch_speedup: float = 1.0) -> tuple[dict, ...]:
             batches = list(CONV_BATCHES)
             if kernel == 1 and groups == 1 and stride == 1:
                 batches.append(POINTWISE_ONEDNN_BATCH)
-            if calibration._large_batch(*shape):
+            if convolutions._large_batch(*shape):
                 batches.append(LARGE_CONV_BATCH)
             for batch in batches:
                 out_hw, us = _conv_us(*shape, batch)
@@ -271,7 +274,7 @@ def test_large_batch_points_lower_the_per_image_conv_cost_above_8(profile):
 
 
 def test_small_output_and_grouped_convolutions_are_timed_at_the_large_batch():
-    large = [shape for shape in CONV_GRID if calibration._large_batch(*shape)]
+    large = [shape for shape in CONV_GRID if convolutions._large_batch(*shape)]
     for cin, cout, kernel, stride, groups, in_hw in CONV_GRID:
         out_hw = (in_hw + 2 * (kernel // 2) - kernel) // stride + 1
         chosen = (cin, cout, kernel, stride, groups, in_hw) in large
@@ -357,7 +360,7 @@ def test_peak_memory_adds_the_pixels(digits_cost):
 
 
 def test_heap_maps_large_chunks_and_reuses_freed_memory():
-    heap = timemodel._Heap(32 << 20, settled=False)
+    heap = heap_replay.Heap(32 << 20, settled=False)
     big = heap.malloc(8 << 20)       # above the starting threshold: mapped, every page faults
     assert heap.faulted == 8 << 20
     heap.free(big)                   # ... and the threshold rises past it
@@ -370,15 +373,15 @@ def test_heap_maps_large_chunks_and_reuses_freed_memory():
 
 
 def test_heap_trims_a_large_free_top_and_faults_again():
-    heap = timemodel._Heap(32 << 20)  # settled: mmap threshold 32 MiB, trim threshold 64 MiB
+    heap = heap_replay.Heap(32 << 20)  # settled: mmap threshold 32 MiB, trim threshold 64 MiB
     chunks = [heap.malloc(24 << 20) for _ in range(3)]
     for chunk in chunks:
         heap.free(chunk)             # 72 MiB free on top: trimmed
     heap.faulted = 0
     heap.free(heap.malloc(24 << 20))
-    assert heap.faulted == (24 << 20) - timemodel.GLIBC_TOP_PAD  # all but the pad kept at the top
+    assert heap.faulted == (24 << 20) - heap_replay.GLIBC_TOP_PAD  # all but the pad kept at the top
     huge = heap.malloc(100 << 20)    # beyond the mapped top and above the threshold: a fresh mapping
-    assert heap.faulted == (124 << 20) - timemodel.GLIBC_TOP_PAD
+    assert heap.faulted == (124 << 20) - heap_replay.GLIBC_TOP_PAD
     heap.free(huge)
 
 
@@ -404,7 +407,7 @@ class ResidualSE(nn.Module):
 
 def test_inputs_are_reconstructed_from_shapes():
     cost = analyse(ResidualSE(), (8, 6, 6))
-    inputs, outputs = timemodel._resolve_inputs(cost.layers)
+    inputs, outputs = heap_replay.resolve_inputs(cost.layers)
     by_name = {layer.name: i for i, layer in enumerate(cost.layers)}
     produced_by = {id(t): cost.layers[i].name for i, t in enumerate(outputs) if t is not None}
     def names(layer):

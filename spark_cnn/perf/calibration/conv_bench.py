@@ -1,0 +1,138 @@
+"""Convolution benchmarks: a grid of generic shapes at a few batch sizes, and the fixed cost of one call.
+
+Regular k x k (k = 1, 3, 5, 7, 11), strided, depthwise and grouped convolutions, 3 to 2048 channels, 1 to 224
+pixels, never the network being predicted; `conv_backend` is torch's own choice of CPU kernel, which the time
+model classifies by.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from spark_cnn.perf.calibration.harness import Bench, fresh
+
+__all__ = ["CONV_BATCHES", "CONV_GRID", "CUDA_CONV_BATCHES", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW",
+           "POINTWISE_ONEDNN_BATCH", "conv_backend", "time_convolutions"]
+
+# Timed at a small and a medium batch: per-image time changes with the batch (weights are reordered once per
+# call; large activations leave the cache), and the time model interpolates in between.
+CONV_BATCHES = (1, 8)
+# ... and at a large batch where the output is small (oneDNN's GEMM has batch x out_hw^2 rows, too few at
+# batch 8 to run at full speed), and for depthwise and grouped convolutions at every size (memory-bound, they
+# get dearer per image once a batch leaves the cache); docs/perf-model.md, "Calibration", has the checks.
+LARGE_CONV_BATCH = 32
+LARGE_CONV_MAX_OUT_HW = 14
+# A GPU needs larger batches to fill: timed where the sidecar runs it (its auto batch on CUDA is 64).
+CUDA_CONV_BATCHES = (8, 64)
+# 1x1 convolutions at batch >= 16 run on oneDNN instead of a GEMM per image (one thread): timed there too.
+POINTWISE_ONEDNN_BATCH = 16
+
+# The convolution grid: (cin, cout, kernel, stride, groups, in_hw). Generic shapes on the manifold CNNs live on
+# (channels x pixels per side between ~900 and ~7000), plus channel counts off the multiples of 16 that oneDNN
+# blocks by, 3-channel image inputs, strides, depthwise and grouped. Ordered so a prefix spans the kinds.
+CONV_GRID: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (64, 64, 3, 1, 1, 56), (256, 64, 1, 1, 1, 56), (96, 96, 3, 1, 96, 56), (3, 32, 3, 2, 1, 224),
+    (128, 128, 3, 1, 1, 28), (64, 256, 1, 1, 1, 56), (144, 144, 3, 2, 144, 56), (3, 64, 7, 2, 1, 224),
+    (256, 256, 3, 1, 1, 14), (512, 128, 1, 1, 1, 28), (240, 240, 5, 1, 240, 28), (48, 48, 3, 1, 6, 56),
+    (512, 512, 3, 1, 1, 7), (128, 512, 1, 1, 1, 28), (672, 672, 5, 2, 672, 14), (128, 128, 3, 1, 8, 28),
+    (32, 32, 3, 1, 1, 112), (1024, 256, 1, 1, 1, 14), (32, 32, 3, 1, 32, 112), (3, 64, 11, 4, 1, 224),
+    (64, 128, 3, 2, 1, 56), (256, 1024, 1, 1, 1, 14), (576, 576, 5, 1, 576, 7), (208, 208, 3, 1, 26, 14),
+    (24, 24, 3, 1, 1, 56), (2048, 512, 1, 1, 1, 7), (1152, 1152, 3, 1, 1152, 7), (440, 440, 3, 1, 55, 7),
+    (48, 48, 3, 1, 1, 28), (512, 2048, 1, 1, 1, 7), (16, 16, 3, 1, 16, 112), (104, 104, 3, 2, 13, 56),
+    (96, 96, 3, 1, 1, 28), (16, 96, 1, 1, 1, 112), (480, 480, 3, 1, 480, 14), (3, 16, 3, 2, 1, 224),
+    (192, 192, 3, 1, 1, 14), (24, 144, 1, 1, 1, 56), (96, 96, 3, 2, 96, 112), (128, 256, 3, 2, 1, 28),
+    (384, 384, 3, 1, 1, 13), (144, 24, 1, 1, 1, 56), (88, 88, 3, 1, 88, 28), (256, 512, 3, 2, 1, 14),
+    (16, 16, 3, 1, 1, 112), (40, 240, 1, 1, 1, 28), (120, 120, 5, 1, 120, 28), (64, 64, 3, 1, 1, 112),
+    (40, 40, 3, 1, 1, 28), (240, 40, 1, 1, 1, 28), (200, 200, 5, 2, 200, 28), (32, 64, 3, 1, 1, 56),
+    (64, 192, 3, 1, 1, 56), (80, 480, 1, 1, 1, 14), (384, 384, 5, 1, 384, 14), (96, 208, 3, 1, 1, 14),
+    (192, 64, 3, 1, 1, 28), (480, 80, 1, 1, 1, 14), (72, 72, 5, 2, 72, 56), (16, 48, 5, 1, 1, 28),
+    (112, 112, 3, 1, 1, 28), (160, 960, 1, 1, 1, 7), (960, 160, 1, 1, 1, 7), (32, 96, 5, 1, 1, 14),
+    (64, 192, 5, 1, 1, 27), (192, 384, 3, 1, 1, 13), (384, 256, 3, 1, 1, 13), (160, 320, 3, 1, 1, 7),
+    (256, 256, 3, 1, 1, 28), (512, 512, 3, 1, 1, 14), (64, 128, 1, 2, 1, 56), (128, 256, 1, 2, 1, 28),
+    (256, 512, 1, 2, 1, 14), (96, 16, 1, 1, 1, 56), (64, 16, 1, 1, 1, 56), (16, 64, 1, 1, 1, 56),
+    (128, 32, 1, 1, 1, 28), (32, 128, 1, 1, 1, 28), (256, 48, 1, 1, 1, 14), (512, 64, 1, 1, 1, 13),
+    (64, 256, 3, 1, 1, 13), (16, 8, 1, 1, 1, 1), (576, 144, 1, 1, 1, 1), (144, 576, 1, 1, 1, 1),
+    (1024, 1024, 1, 1, 1, 7), (832, 256, 1, 1, 1, 7), (480, 192, 1, 1, 1, 14), (192, 16, 1, 1, 1, 28),
+    (116, 116, 1, 1, 1, 28), (232, 232, 3, 1, 232, 14), (58, 58, 1, 1, 1, 28), (24, 24, 3, 2, 24, 112),
+)
+# Weight reordering: 3x3 convolutions on one pixel (almost no arithmetic) with 0.15 to 9.4 MiB of weights.
+CONV_WEIGHT_PROBES = (64, 192, 512)
+
+
+
+def conv_backend(cin: int, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+                 groups: int, batch: int, in_hw: tuple[int, ...], threads: int) -> str:
+    """"mkldnn" or "slow2d": the CPU kernel torch picks for an fp32 NCHW Conv2d (torch's use_mkldnn rule in
+    aten/native/Convolution.cpp: a 1x1 convolution at batch < 16 on one thread runs as a GEMM per image)."""
+    strided = any(s != 1 for s in stride)
+    dilated = any(d != 1 for d in dilation)
+    numel = batch * cin * math.prod(in_hw)
+    if not (strided or dilated or batch >= 16 or any(k != 1 for k in kernel) or threads > 1):
+        return "slow2d"
+    if groups > 1 or all(k > 3 for k in kernel) or batch > 1 or numel > 20480:
+        return "mkldnn"
+    return "slow2d"
+
+
+def _conv_point(bench: Bench, cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int,
+                batch: int, threads: int) -> dict[str, Any]:
+    conv = nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2, groups=groups, bias=False).eval()
+    conv.to(bench.device)
+    if bench.cuda:  # the runner converts CUDA models to channels-last; CPU models keep their NCHW weights
+        conv.to(memory_format=torch.channels_last)
+    x = bench.tensor(batch, cin, in_hw, in_hw)
+    timing = bench.time(conv, fresh(x))
+    out_hw = (in_hw + 2 * (kernel // 2) - kernel) // stride + 1
+    backend = "cuda" if bench.cuda else conv_backend(cin, (kernel, kernel), (stride, stride), (1, 1), groups, batch,
+                                                     (in_hw, in_hw), threads)
+    return {"cin": cin, "cout": cout, "kernel": kernel, "stride": stride, "groups": groups, "in_hw": in_hw,
+            "out_hw": out_hw, "batch": batch, "backend": backend, "us": round(bench.us_without_faults(timing), 2),
+            "faults": min(timing.faults)}
+
+
+def _large_batch(cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int) -> bool:
+    """Whether a grid shape is timed at LARGE_CONV_BATCH too (CPU): depthwise or grouped, or a small output."""
+    return groups > 1 or (in_hw + 2 * (kernel // 2) - kernel) // stride + 1 <= LARGE_CONV_MAX_OUT_HW
+
+
+def time_convolutions(bench: Bench, threads: int) -> tuple[list[dict], float, float]:
+    """The fixed cost per call, the grid at CONV_BATCHES (and pointwise at the oneDNN batch), then, in a
+    section of its own so that a small budget keeps the whole grid at the smaller batches first, the shapes
+    with small outputs at LARGE_CONV_BATCH (CPU only)."""
+    weight_points = []
+    for channels in CONV_WEIGHT_PROBES:  # first, so a tiny budget still fits the fixed cost
+        conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False).eval().to(bench.device)
+        x = bench.tensor(2, channels, 1, 1)  # batch 2: oneDNN whatever the thread count
+        us = bench.us_without_faults(bench.time(conv, fresh(x)))
+        weight_points.append((channels * channels * 9 * 4 / 2**20, us))
+    call_us, weight_us = _line(weight_points)
+    work = []
+    for cin, cout, kernel, stride, groups, in_hw in CONV_GRID:
+        batches = list(CUDA_CONV_BATCHES if bench.cuda else CONV_BATCHES)
+        if kernel == 1 and groups == 1 and stride == 1 and not bench.cuda:
+            batches.append(POINTWISE_ONEDNN_BATCH)
+        work.append([(cin, cout, kernel, stride, groups, in_hw, b) for b in batches])
+    points = []
+    for shape_points in bench.points("conv", work):
+        for *shape, batch in shape_points:
+            points.append(_conv_point(bench, *shape, batch=batch, threads=threads))
+    large = [] if bench.cuda else [shape for shape in CONV_GRID if _large_batch(*shape)]
+    for shape in bench.points("conv_large", large):
+        points.append(_conv_point(bench, *shape, batch=LARGE_CONV_BATCH, threads=threads))
+    return points, call_us, weight_us
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares intercept and slope (both >= 0) of y against x."""
+    if len(points) < 2:
+        return (points[0][1] if points else 0.0), 0.0
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = max(sum((p[0] - mx) * (p[1] - my) for p in points) / sxx, 0.0) if sxx else 0.0
+    return max(my - slope * mx, 0.0), slope

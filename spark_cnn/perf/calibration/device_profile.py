@@ -1,0 +1,283 @@
+"""The device profile: what calibration measured on one device, cached on disk per device, and `calibrate()`,
+which reads it from the cache or runs the benchmarks (spark_cnn.perf.calibration's *_bench modules) in turn.
+
+A profile is JSON under `~/.cache/spark_cnn/devices/` named by its key (CPU model, cores, threads, torch
+version; or GPU name), and `calibrate` reuses it unless `refresh=True`. The benchmarks run in a process with
+the sidecar's malloc settings (spark_cnn.task.sidecar_env), as the sidecar and validation do: calibrate()
+starts one when the calling process has other settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.models.timing import CLOCKS
+from spark_cnn.perf.calibration.conv_bench import time_convolutions
+from spark_cnn.perf.calibration.curve_bench import time_curves
+from spark_cnn.perf.calibration.fault_bench import time_faults
+from spark_cnn.perf.calibration.gemm_bench import time_gemms
+from spark_cnn.perf.calibration.harness import Bench, Budget
+from spark_cnn.perf.calibration.stage_bench import time_decode, time_h2d, time_sidecar_stages
+from spark_cnn.perf.child_env import sidecar_child_env
+from spark_cnn.task.sidecar_env import RETAINED, allocator_of, cpu_threads
+
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION", "DeviceProfile",
+           "calibrate", "device_key"]
+
+# Bumped whenever a table changes meaning: cached profiles of another version are measured again (the
+# versions' changes are listed in docs/perf-model.md, "Calibration").
+PROFILE_VERSION = 3
+# Calibration should take under a minute on a CPU; 45 s leaves room for a loaded machine (each section stops
+# at its deadline).
+DEFAULT_BUDGET_S = 45.0
+# ... and under half a minute on a GPU: a CUDA calibration is capped at 25 s whatever budget it is given.
+GPU_MAX_BUDGET_S = 25.0
+DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "spark_cnn", "devices")
+
+
+def _frozen(value: Any) -> Any:
+    """JSON lists -> tuples, recursively (dict values too), so a loaded profile cannot be changed in place."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """What calibration measured on one device with one thread count. Times are microseconds unless named.
+
+    - `curves`: operator kind -> ((tensor bytes at fp32, us per call), ...), ascending: per-call time without
+      page faults, of relu (in place), batch_norm, add, max_pool2d_k3s2 (keyed by output bytes), ... .
+    - `conv`: one dict per timed convolution: cin, cout, kernel, stride, groups, in_hw, out_hw, batch,
+      backend ("mkldnn" or "slow2d", torch's choice), us (without faults), faults (per call).
+    - `conv_call_us`, `conv_weight_us_per_mib`: a oneDNN convolution's fixed cost per call, and per MiB of
+      weights (reordered to its blocked layout on every call from a plain NCHW module).
+    - `gemm`: one dict per timed nn.Linear: rows, in_features, out_features, us.
+    - `fault_us_per_page`: first touch of a fresh page and its release; `mmap_threshold_bytes`: allocations
+      this large get fresh pages on every call (glibc's largest dynamic mmap threshold).
+    - `call_us`: overhead of a call that moves no data: "module" (nn.Flatten), "function" (torch.flatten),
+      "container" (what an nn.Sequential adds around its child: every non-leaf module of a network pays it).
+    - `decode_ms`: decode + resize + crop of one JPEG on one core; `h2d`: ((bytes, us), ...) pinned copies.
+    """
+
+    key: str
+    device: str                # "cpu" or "cuda:0"
+    threads: int               # torch threads the benchmarks ran with
+    created: str               # ISO 8601, UTC
+    device_name: str
+    torch_version: str
+    calibration_s: float
+    budget_s: float
+    fault_us_per_page: float
+    mmap_threshold_bytes: int
+    call_us: dict[str, float]
+    curves: dict[str, tuple[tuple[float, float], ...]]
+    conv: tuple[dict[str, Any], ...]
+    conv_call_us: float
+    conv_weight_us_per_mib: float
+    gemm: tuple[dict[str, Any], ...]
+    decode_ms: float
+    h2d: tuple[tuple[float, float], ...] = ()
+    notes: tuple[str, ...] = ()
+    version: int = PROFILE_VERSION
+
+    def __post_init__(self):
+        if self.threads < 1:
+            raise ConfigError(f"DeviceProfile {self.key!r}: threads must be >= 1, got {self.threads}")
+        for name in ("call_us", "curves"):
+            object.__setattr__(self, name, _frozen(dict(getattr(self, name))))
+        for name in ("conv", "gemm", "h2d", "notes"):
+            object.__setattr__(self, name, _frozen(list(getattr(self, name))))
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DeviceProfile:
+        """The profile in `text`; ConfigError when it is not one, or of another PROFILE_VERSION."""
+        try:
+            data = json.loads(text)
+            version = data.get("version")
+            if version != PROFILE_VERSION:
+                raise ConfigError(f"device profile version {version!r}, expected {PROFILE_VERSION}: calibrate "
+                                  "again (calibrate(..., refresh=True) or delete the cached file)")
+            return cls(**data)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ConfigError(f"not a device profile ({type(e).__name__}: {e}); calibrate again with "
+                              "refresh=True") from e
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _resolve(device: str) -> torch.device:
+    if device in ("cuda", "gpu"):
+        device = "cuda:0"
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"calibrate: unknown device {device!r}; use 'cpu' or 'cuda[:N]'") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"calibrate: device {device!r} asked for but CUDA is not available; use device='cpu'")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"calibrate: device {device!r} is not supported; use 'cpu' or 'cuda[:N]'")
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda:0")
+    return resolved
+
+
+def device_key(device: str = "cpu", threads: int | None = None) -> str:
+    """The cache key of a device: what changes the timings (CPU model, cores, torch threads; GPU name) and
+    the torch version (kernels change between releases).
+
+    >>> device_key("cpu", 1).startswith("cpu-")
+    True
+    """
+    resolved = _resolve(device)
+    version = torch.__version__.split("+")[0]
+    if resolved.type == "cuda":
+        name = torch.cuda.get_device_name(resolved)
+        return _slug(f"cuda-{name}-torch{version}")
+    threads = cpu_threads(threads)
+    return _slug(f"cpu-{_cpu_name()}-{os.cpu_count()}c-{threads}t-torch{version}")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
+
+
+def _cache_path(cache_dir: str | None, key: str) -> str:
+    return os.path.join(os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR), f"{key}.json")
+
+
+def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: float = DEFAULT_BUDGET_S,
+              cache_dir: str | None = None, refresh: bool = False, clock: str = "wall") -> DeviceProfile:
+    """The DeviceProfile of `device` with `threads` torch threads (CPU; default: the sidecar's, half the
+    cores), from the cache under `cache_dir` unless `refresh`, else measured in about `budget_s` seconds
+    (at most GPU_MAX_BUDGET_S on CUDA) and cached. `clock` (CLOCKS; "cpu" on the CPU only) is what the
+    benchmarks and the budget are read from: "cpu" on a busy host gives the profile an idle host would, in
+    `budget_s` of CPU time and more wall time.
+
+    >>> calibrate("cpu", threads=1, budget_s=1.0, cache_dir="/tmp/x").threads   # doctest: +SKIP
+    1
+    """
+    if not (isinstance(budget_s, (int, float)) and budget_s > 0):
+        raise ConfigError(f"calibrate: budget_s must be a positive number of seconds, got {budget_s!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"calibrate: threads must be a positive integer or None, got {threads!r}")
+    resolved = _resolve(device)
+    if clock not in CLOCKS or (clock == "cpu" and resolved.type != "cpu"):
+        raise ConfigError(f"calibrate: clock must be one of {', '.join(CLOCKS)} ('cpu' on the CPU only), "
+                          f"got {clock!r}")
+    threads = cpu_threads(threads)
+    if clock == "cpu" and threads != 1:
+        raise ConfigError(f"calibrate: clock 'cpu' times the calling thread: it needs threads=1, not {threads}")
+    key = device_key(str(resolved), threads)
+    path = _cache_path(cache_dir, key)
+    if not refresh and os.path.exists(path):
+        try:
+            with open(path) as f:
+                return DeviceProfile.from_json(f.read())
+        except (OSError, ConfigError):
+            pass  # unreadable or of another version: measure again and overwrite
+    if resolved.type == "cuda":
+        budget_s = min(budget_s, GPU_MAX_BUDGET_S)
+    elif _needs_sidecar_allocator():
+        return _calibrate_in_child(device, threads, float(budget_s), path, clock)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        profile = _run(resolved, threads, key, float(budget_s), clock)
+    finally:
+        torch.set_num_threads(previous)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as f:
+        f.write(profile.to_json())
+    os.replace(partial, path)
+    return profile
+
+
+# Set in the child calibrate() starts with the sidecar's malloc settings: it measures in-process, whatever
+# allocator_of() says (a C library other than glibc never reads those settings).
+_IN_CHILD_ENV = "SPARK_CNN_CALIBRATION_CHILD"
+
+
+def _needs_sidecar_allocator() -> bool:
+    """True when this process's malloc is not the sidecar's (its settings apply only from a process's start).
+    Large tensors time differently under the two, even with their page faults taken out, enough to make a
+    profile mislead the tuner (docs/perf-model.md, "Calibration")."""
+    return os.environ.get(_IN_CHILD_ENV) != "1" and platform.libc_ver()[0] == "glibc" and allocator_of() != RETAINED
+
+
+def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str) -> DeviceProfile:
+    """calibrate() in a fresh process started with the sidecar's malloc settings; it writes the cache file."""
+    env = sidecar_child_env(**{_IN_CHILD_ENV: "1"})
+    code = ("import sys; from spark_cnn.perf.calibration import calibrate; "
+            "calibrate(sys.argv[1], threads=int(sys.argv[2]), budget_s=float(sys.argv[3]), "
+            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5])")
+    done = subprocess.run([sys.executable, "-c", code, device, str(threads), repr(budget_s),
+                           os.path.dirname(path), clock], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ConfigError(f"calibrate: the calibration process failed ({tail[0]}); run it in-process with "
+                          f"{_IN_CHILD_ENV}=1 to see the whole error")
+    with open(path) as f:
+        return DeviceProfile.from_json(f.read())
+
+
+def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: str = "wall") -> DeviceProfile:
+    budget = Budget(budget_s, CLOCKS[clock])
+    wall_start = time.perf_counter()
+    bench = Bench(device, budget)
+    with torch.inference_mode():
+        fault_us, mmap_threshold = time_faults(bench)
+        bench.fault_us = fault_us
+        curves, call_us = time_curves(bench)
+        conv, conv_call_us, conv_weight_us = time_convolutions(bench, threads)
+        gemm = time_gemms(bench)
+        curves.update(time_sidecar_stages(bench))
+        decode_ms = time_decode(bench)
+        h2d = time_h2d(bench)
+    notes = tuple(f"{section}: {n} point(s) skipped to keep within the {budget_s:.0f} s budget"
+                  for section, n in budget.skipped.items())
+    if clock != "wall":
+        notes += (f"clock: {clock} (thread CPU time); {time.perf_counter() - wall_start:.1f} s wall",)
+    if device.type == "cpu":
+        notes += (f"allocator: {allocator_of()}",)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    return DeviceProfile(key=key, device=str(device), threads=threads,
+                         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device_name=name,
+                         torch_version=torch.__version__, calibration_s=round(budget.elapsed(), 2),
+                         budget_s=budget_s, fault_us_per_page=fault_us, mmap_threshold_bytes=mmap_threshold,
+                         call_us=call_us, curves=curves, conv=tuple(conv), conv_call_us=conv_call_us,
+                         conv_weight_us_per_mib=conv_weight_us, gemm=tuple(gemm), decode_ms=decode_ms, h2d=h2d,
+                         notes=notes)
