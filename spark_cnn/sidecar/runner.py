@@ -25,6 +25,7 @@ from spark_cnn.models.tensors import normalise
 from spark_cnn.models.tracing import FX_GATE
 from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV, injected_oom_above_rows
 from spark_cnn.task.run_options import RunOptions
+from spark_cnn.task.schema import reply_schema
 from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
@@ -34,6 +35,7 @@ REDUCED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # least 99% of them: 256 images make 99% mean at most two disagreements.
 PRECISION_PROBE_IMAGES = 256
 MIN_TOP1_AGREEMENT = 0.99
+LABEL_OUTPUTS = ("label", "topk_label")  # the Predictor's outputs that hold class indices
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -130,6 +132,7 @@ class ModelRunner:
             module = torch.compile(module)
         self.predictor = Predictor(module, top_k=endpoint.top_k, logits=endpoint.logits,
                                    embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer)
+        self.reply_schema = reply_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)  # per request row
         self.probe = PrecisionProbe() if options.precision == "auto" and self.cuda else None
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         # The embedding hook keeps per-call state: one forward at a time then. Otherwise forwards may run side
@@ -173,12 +176,9 @@ class ModelRunner:
             images = normalise(pixels, self.endpoint.preprocessing)
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-            out = self._predict(images)
-            result = {"label": out["label"].to(torch.int32), "score": out["score"],
-                      "topk_label": out["topk_label"].to(torch.int32), "topk_score": out["topk_score"]}
-            for optional in ("logits", "embedding"):
-                if optional in out:
-                    result[optional] = out[optional]
+            # Labels leave as int32, the reply's type (task/schema.py): half the bytes of torch's int64 to copy.
+            result = {name: values.to(torch.int32) if name in LABEL_OUTPUTS else values
+                      for name, values in self._predict(images).items()}
             if not self.cuda:
                 return Pending(result)
             host = {k: v.to("cpu", non_blocking=True) for k, v in result.items()}

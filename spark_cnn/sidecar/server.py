@@ -1,7 +1,7 @@
 """The sidecar process: one per executor, owns the device, serves every task of that executor.
 
 Threads: the main thread accepts connections and watches for exit conditions (executor gone, idle, SIGTERM);
-each connection has a reader (requests into a model's work queue; decodes when the request carries files)
+each connection has a reader (requests into a model's work queue; decodes files when the handshake agreed so)
 and a writer (replies out, so a slow client never blocks the device); each served model runs the pipeline
 threads of its ModelService (service.py).
 """
@@ -35,7 +35,7 @@ from spark_cnn.task import protocol
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.protocol import Kind
-from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
+from spark_cnn.task.run_options import DECODE_CHOICES, DECODE_PLACES, RunOptions
 from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
@@ -52,6 +52,8 @@ WATCH_INTERVAL_S = 0.5
 # without reading replies (or faster than the device) is held back by its socket instead of filling the
 # sidecar's memory. Tasks keep 4 in flight (client.DEFAULT_MAX_IN_FLIGHT); the bound never slows them.
 MAX_REQUESTS_PER_CONNECTION = 32
+# The agreed decode places at which requests carry image files, for this process to decode.
+SIDECAR_DECODES = tuple(place for place in DECODE_PLACES if place != "task")
 
 
 @dataclass(frozen=True)
@@ -154,19 +156,25 @@ class Connection:
         return service, job, decode
 
     def _infer(self, service: ModelService, job: str, decode: str, frame: protocol.Frame) -> None:
+        """Queue one INFER: pixels where the tasks decode, files decoded here where the sidecar was agreed to
+        decode (`decode`, from the handshake); any other request gets an ERROR."""
         prep = service.runner.endpoint.preprocessing
         row_errors = None
         try:
             images = protocol.decode_request(frame.payload)
             if not len(images):
                 raise SidecarError("an INFER request with no images")
-            if isinstance(images, np.ndarray):
+            files = not isinstance(images, np.ndarray)
+            if files != (decode in SIDECAR_DECODES):
+                raise SidecarError(f"{'image files' if files else 'decoded pixels'} on a connection that agreed "
+                                   f"to decode in {decode!r}; send {'pixels' if files else 'files'}")
+            if not files:
                 if images.shape[1:] != prep.pixel_shape:
                     raise SidecarError(f"images of shape {images.shape[1:]}, the model expects {prep.pixel_shape}")
                 pixels = images
             elif decode == "gpu":
                 pixels, row_errors = decode_on_gpu(images, prep, self.server.device, self.decode_options)
-            else:  # files sent with --decode task still decode here: the client chose not to
+            else:
                 pixels, row_errors = decode_on_host(images, prep, self.decode_options)
         except Exception as e:
             self.server.stats.error(job)

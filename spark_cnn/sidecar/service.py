@@ -27,11 +27,13 @@ import time
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from spark_cnn.sidecar.batcher import Slice
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
+from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, is_out_of_memory
 from spark_cnn.sidecar.work_queue import WorkQueue
 from spark_cnn.task import protocol
@@ -55,8 +57,8 @@ POLL_S = 0.5
 class InferRequest:
     """One INFER message in flight: its pixels, and the output rows gathered so far from device batches.
 
-    `row_errors` holds, when the sidecar decoded the images itself, an error (or None) per original row;
-    `pixels` then holds only the rows that decoded, and the reply puts the failed rows back in place.
+    `row_errors` holds, when the sidecar decoded the images itself, an error (or None) per request row;
+    `pixels` then holds only the rows that decoded, and the reply puts the failed rows in their places.
     """
 
     __slots__ = ("conn", "request_id", "job", "pixels", "rows", "row_errors", "arrived", "chunks", "done_rows",
@@ -72,18 +74,21 @@ class InferRequest:
         self.failed = False
         self._fail_lock = threading.Lock()  # two stages may fail two batches of one split request at once
 
-    def deliver(self, outputs: dict[str, np.ndarray]) -> None:
-        """Outputs for the next rows of this request; replies once all rows have them."""
+    def gather(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Outputs for the next rows of this request; all its outputs once every row has them, else None."""
         self.chunks.append(outputs)
         self.done_rows += len(next(iter(outputs.values())))
-        if self.done_rows == self.rows:
-            merged = self.chunks[0] if len(self.chunks) == 1 else {
-                key: np.concatenate([chunk[key] for chunk in self.chunks]) for key in self.chunks[0]}
-            self.chunks = []
-            self.reply(merged)
+        if self.done_rows < self.rows:
+            return None
+        merged = self.chunks[0] if len(self.chunks) == 1 else {
+            key: np.concatenate([chunk[key] for chunk in self.chunks]) for key in self.chunks[0]}
+        self.chunks = []
+        return merged
 
-    def reply(self, outputs: dict[str, np.ndarray]) -> None:
-        self.conn.send(Kind.RESULT, self.request_id, protocol.encode_outputs(outputs, self.row_errors))
+    def reply(self, outputs: dict[str, np.ndarray], schema: pa.Schema) -> None:
+        """RESULT: one `schema` row per request row (reply.py), `outputs` being those of the decoded rows."""
+        batch = reply_batch(outputs, self.row_errors, schema)
+        self.conn.send(Kind.RESULT, self.request_id, protocol.encode_outputs(batch))
 
     def fail(self, message: str) -> None:
         with self._fail_lock:
@@ -134,7 +139,7 @@ class ModelService:
     def submit(self, request: InferRequest) -> None:
         """Queue a request; blocks while the queue is full (backpressure). An all-failed request replies now."""
         if request.rows == 0:
-            request.reply({})
+            request.reply({}, self.runner.reply_schema)
             return
         self.queue.put(request, request.rows)
 
@@ -225,7 +230,9 @@ class ModelService:
                 offset = 0
                 for s in batch:
                     if not s.request.failed:
-                        s.request.deliver({k: v[offset:offset + s.rows] for k, v in outputs.items()})
+                        done = s.request.gather({k: v[offset:offset + s.rows] for k, v in outputs.items()})
+                        if done is not None:
+                            s.request.reply(done, self.runner.reply_schema)
                     offset += s.rows
             except Exception as e:  # e.g. outputs that cannot be encoded: this thread must live on
                 self._fail(batch, e)

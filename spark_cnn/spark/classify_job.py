@@ -10,6 +10,7 @@ import json
 import time
 from dataclasses import replace
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -21,7 +22,8 @@ from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, 
 from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import HadoopFS, to_uri
-from spark_cnn.task.stream import EMBED_COLUMNS, PartitionInference, spark_ddl
+from spark_cnn.task.schema import EMBED_COLUMNS, output_schema, spark_ddl
+from spark_cnn.task.stream import PartitionInference
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 
@@ -61,10 +63,10 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
                               carry=(TRUE_LABEL,) if source.has_labels else ())
         job_id = plan.job_id
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
-        ddl = spark_ddl(logits=config.logits, embeddings=config.embeddings)
-        if source.has_labels:
-            ddl += f", {TRUE_LABEL} string"
-        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats, SPARK_TASK), ddl)
+        schema = output_schema(logits=config.logits, embeddings=config.embeddings)
+        if source.has_labels:  # carried from the input, as the source reads it
+            schema = schema.append(pa.field(TRUE_LABEL, pa.string()))
+        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats, SPARK_TASK), spark_ddl(schema))
         if columns is not None:
             outputs = outputs.select(*columns)
 

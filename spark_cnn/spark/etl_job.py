@@ -37,7 +37,8 @@ from spark_cnn.spark.job_io import check_paths, job_session, task_error
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 from spark_cnn.task.launcher import LaunchOptions
-from spark_cnn.task.stream import InferencePlan, PartitionInference, spark_ddl
+from spark_cnn.task.schema import output_schema, spark_ddl
+from spark_cnn.task.stream import InferencePlan, PartitionInference
 
 BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 BATCH_COLUMN = "batch"
@@ -131,7 +132,7 @@ class MicroBatchWriter:
     def _classify(self, images: DataFrame, uri: str, *, mode: str) -> None:
         endpoint = self.plan.endpoint
         outputs = images.mapInArrow(PartitionInference(self.plan, self.stats, SPARK_TASK),
-                                    spark_ddl(logits=endpoint.logits, embeddings=endpoint.embeddings))
+                                    spark_ddl(output_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)))
         try:
             outputs.write.mode(mode).parquet(uri)
         except Exception as e:

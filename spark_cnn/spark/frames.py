@@ -20,7 +20,8 @@ from spark_cnn.imaging.image_struct import is_image_struct
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.planning import check_model, plan_inference
-from spark_cnn.task.stream import EMBED_COLUMNS, INPUT_COLUMNS, PartitionInference, spark_ddl
+from spark_cnn.task.schema import EMBED_COLUMNS, output_schema, spark_ddl
+from spark_cnn.task.stream import INPUT_COLUMNS, PartitionInference
 
 
 def inference_options(model: str | ModelSpec, *, weights: str | None = None,
@@ -75,7 +76,7 @@ def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str
     inputs = _image_rows(df, content, path)
     checked = check_model(opts)
     plan = plan_inference(_session_of(df), opts, checked)
-    ddl = spark_ddl(logits=logits, embeddings=embeddings)
+    ddl = spark_ddl(output_schema(logits=logits, embeddings=embeddings))
     return inputs.mapInArrow(PartitionInference(plan, environment=SPARK_TASK), ddl)
 
 

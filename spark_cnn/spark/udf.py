@@ -1,7 +1,7 @@
 """`cnn_udf`: a CNN as a pandas UDF for `select` / `withColumn`, served by one sidecar per executor.
 
 It is an iterator pandas UDF: each Python worker streams its Arrow batches through the same task-side code
-as the mapInArrow job (`inference.infer_batches`), so all the tasks of an executor share one loaded model in
+as the mapInArrow job (`task.stream.infer_batches`), so all the tasks of an executor share one loaded model in
 its sidecar (never one model per Python worker) and the sidecar's batching and tuning apply unchanged.
 """
 
@@ -17,22 +17,17 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, SparkSession
 from pyspark.sql.functions import pandas_udf
 
-from spark_cnn.errors import ConfigError, SidecarError
+from spark_cnn.errors import ConfigError
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.frames import inference_options
 from spark_cnn.spark.planning import check_model, plan_inference
+from spark_cnn.task.schema import NAMED_TOPK_ITEM, UDF_OUTPUTS, class_names, spark_type, udf_output_type
 from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
 
 # Each output is a struct, so that every row carries its `error` next to the values (null where fine).
-OUTPUT_TYPES = {
-    "top1": "struct<label:int,label_name:string,score:float,error:string>",
-    "topk": "struct<topk:array<struct<label:int,label_name:string,score:float>>,error:string>",
-    "logits": "struct<logits:array<float>,error:string>",
-    "embedding": "struct<embedding:array<float>,error:string>",
-}
-_TOPK_ITEM = pa.struct([("label", pa.int32()), ("label_name", pa.string()), ("score", pa.float32())])
+OUTPUT_TYPES = {output: spark_type(udf_output_type(output)) for output in UDF_OUTPUTS}
 
 
 class CnnUdf:
@@ -109,10 +104,7 @@ def _udf_function(plan: InferencePlan, output: str, stats):
         inputs = (_as_arrow(batch) for batch in batches)
         assembler = PartitionInference(plan)
         for state in infer_batches(plan, inputs, stats, SPARK_TASK):
-            frame = output_frame(assembler.assemble(state), output, plan.label_names)
-            if len(frame) != len(state.paths):  # the contract: one output row per input row
-                raise SidecarError(f"{len(frame)} output rows for {len(state.paths)} inputs")
-            yield frame
+            yield output_frame(assembler.assemble(state), output, plan.label_names)
 
     return run
 
@@ -130,26 +122,19 @@ def _as_arrow(batch: pd.Series | pd.DataFrame) -> tuple[list[str], pa.Array]:
 
 def output_frame(rows: pa.RecordBatch, output: str, label_names: tuple[str, ...] | None) -> pd.DataFrame:
     """The classify output rows of one batch (PartitionInference.assemble) -> the UDF's struct fields."""
-    if output == "top1":
-        table = rows.select(["label", "label_name", "score", "error"])
-    elif output == "topk":
-        table = pa.RecordBatch.from_arrays([_named_topk(rows.column("topk"), label_names), rows.column("error")],
-                                           names=["topk", "error"])
-    else:
-        table = rows.select([output, "error"])
-    return table.to_pandas(integer_object_nulls=True)
+    columns = [_named_topk(rows.column(name), label_names) if name == "topk" else rows.column(name)
+               for name in UDF_OUTPUTS[output]]
+    frame = pa.RecordBatch.from_arrays(columns, schema=pa.schema(list(udf_output_type(output))))
+    return frame.to_pandas(integer_object_nulls=True)
 
 
 def _named_topk(topk: pa.ListArray, label_names: tuple[str, ...] | None) -> pa.ListArray:
-    """list<struct<label, score>> -> list<struct<label, label_name, score>>; nulls stay null."""
-    pairs = topk.flatten()
+    """The `topk` pairs with the class name of each label: list<struct<label, label_name, score>>."""
+    pairs = topk.flatten()  # the pairs of this slice's rows; null rows have none
     labels = pairs.field("label")
-    if label_names:
-        names = pa.array([None if i is None else label_names[i] for i in labels.to_pylist()], pa.string())
-    else:
-        names = pa.nulls(len(labels), pa.string())
-    items = pa.StructArray.from_arrays([labels, names, pairs.field("score")], fields=list(_TOPK_ITEM))
-    # Offsets rebuilt from the lengths: `topk` may be a slice, and flatten() drops the values of null lists.
+    items = pa.StructArray.from_arrays([labels, class_names(labels, label_names), pairs.field("score")],
+                                       fields=list(NAMED_TOPK_ITEM))
+    # Offsets from the lengths: those of a slice start past zero, and the mask needs offsets of its own.
     lengths = pc.list_value_length(topk).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
-    return pa.ListArray.from_arrays(offsets, items, type=pa.list_(_TOPK_ITEM), mask=topk.is_null())
+    return pa.ListArray.from_arrays(offsets, items, type=pa.list_(NAMED_TOPK_ITEM), mask=topk.is_null())

@@ -24,7 +24,7 @@ class Kind(IntEnum):
     HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job", "batch_size" (null: auto)}
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode)}
     INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row) or "encoded" (file bytes)
-    RESULT = 4       # sidecar -> client, Arrow: one output row per input row, same order
+    RESULT = 4       # sidecar -> client, Arrow: one row per request row, same order (schema.reply_schema)
     ERROR = 5        # sidecar -> client, JSON: {"message"}; request id 0 means the whole connection failed
     STATS = 6        # client -> sidecar, JSON: {"job"}
     STATS_REPLY = 7  # sidecar -> client, JSON: sidecar identity and counters for that job
@@ -38,7 +38,6 @@ MAX_PAYLOAD_BYTES = 1 << 30
 MAX_HANDSHAKE_BYTES = 1 << 20
 PIXELS_COLUMN = "pixels"    # uint8 HxWx3 per row, decoded by the client
 ENCODED_COLUMN = "encoded"  # image file bytes per row, decoded by the sidecar
-ERROR_COLUMN = "error"      # in RESULT, when the sidecar decoded: why a row has no outputs (null if it has)
 CONNECTION_REQUEST_ID = 0
 
 
@@ -133,12 +132,8 @@ def decode_request(payload) -> np.ndarray | list[bytes]:
     return _pixels_from(batch)
 
 
-def decode_pixels(payload) -> np.ndarray:
-    """Arrow IPC payload -> (N, H, W, 3) uint8 array, viewing the received bytes without copying."""
-    return _pixels_from(_from_ipc(payload))
-
-
 def _pixels_from(batch: pa.RecordBatch) -> np.ndarray:
+    """(N, H, W, 3) uint8, viewing the received bytes without copying."""
     if batch.schema.names != [PIXELS_COLUMN] or not pa.types.is_fixed_size_binary(batch.schema.types[0]):
         raise SidecarError(f"INFER payload must have one fixed-size binary column {PIXELS_COLUMN!r} or one "
                            f"binary column {ENCODED_COLUMN!r}, got {batch.schema}")
@@ -152,31 +147,11 @@ def _pixels_from(batch: pa.RecordBatch) -> np.ndarray:
     return flat.reshape((len(column), *shape))
 
 
-def encode_outputs(outputs: dict[str, np.ndarray], row_errors: list[str | None] | None = None) -> pa.Buffer:
-    """Per-row model outputs (1-D scalars or 2-D vectors per row) -> Arrow IPC payload.
-
-    With `row_errors` (one entry per original row; None where the row was fine), `outputs` hold only the
-    fine rows; the payload gets one row per original row, nulls in the outputs of failed rows, and an
-    `error` column. If no row was fine, the payload holds only the `error` column.
-    """
-    arrays, names = [], []
-    for name, values in outputs.items():
-        values = np.ascontiguousarray(values)
-        if values.ndim == 1:
-            arrays.append(pa.array(values))
-        elif values.ndim != 2:
-            raise SidecarError(f"output {name!r} has shape {values.shape}; expected one scalar or vector per row")
-        else:
-            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1]))
-        names.append(name)
-    if row_errors is not None:
-        positions = iter(range(len(row_errors)))
-        take = pa.array([None if error is not None else next(positions) for error in row_errors], pa.int32())
-        arrays = [array.take(take) for array in arrays]
-        arrays.append(pa.array(row_errors, pa.string()))
-        names.append(ERROR_COLUMN)
-    return _to_ipc(pa.RecordBatch.from_arrays(arrays, names=names))
+def encode_outputs(batch: pa.RecordBatch) -> pa.Buffer:
+    """A RESULT's rows (sidecar/reply.py builds them) -> Arrow IPC payload."""
+    return _to_ipc(batch)
 
 
 def decode_outputs(payload) -> pa.RecordBatch:
+    """A RESULT payload -> its rows, checked in full; the task checks them against the request."""
     return _from_ipc(payload)

@@ -3,7 +3,8 @@
 Each task decodes its images to uint8 pixels (Spark runs tasks in parallel processes, so decoding scales with
 cores) or, with `decode` set to `sidecar` or `gpu`, sends the files for the sidecar to decode. Requests of a
 few rows go to the executor's sidecar with several in flight, and the replies become output rows: one row
-per input row, in input order, with `error` set where an image failed. No torch here: tasks stay light.
+per input row, in input order (each reply row at its input position), with `error` set where an image
+failed. No torch here: tasks stay light.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from spark_cnn.errors import ImageError, SidecarError
 from spark_cnn.formats.encodings import ENCODED, FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
@@ -28,36 +28,10 @@ from spark_cnn.task.client import REPLY_TIMEOUT_S, SidecarClient, map_ordered, s
 from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.files import read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
-from spark_cnn.task.protocol import ERROR_COLUMN
+from spark_cnn.task.schema import ERROR, class_names, failed_rows, output_schema, place_rows, reply_schema
 
 INPUT_COLUMNS = ("path", "content")
 NULL_IMAGE = "the row has no image (null)"
-TOPK_TYPE = pa.list_(pa.struct([("label", pa.int32()), ("score", pa.float32())]))
-VECTOR_TYPE = pa.list_(pa.float32())
-# The embed output: one embedding per image.
-EMBED_COLUMNS = ("path", "embedding", "error")
-
-
-def output_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
-    """The classify output columns: path, label, label_name, score, topk, error [, logits, embedding]."""
-    fields = [("path", pa.string()), ("label", pa.int32()), ("label_name", pa.string()),
-              ("score", pa.float32()), ("topk", TOPK_TYPE), ("error", pa.string())]
-    if logits:
-        fields.append(("logits", VECTOR_TYPE))
-    if embeddings:
-        fields.append(("embedding", VECTOR_TYPE))
-    return pa.schema(fields)
-
-
-def spark_ddl(*, logits: bool = False, embeddings: bool = False) -> str:
-    """The same schema as a Spark DDL string, for mapInArrow."""
-    ddl = ("path string, label int, label_name string, score float, "
-           "topk array<struct<label:int,score:float>>, error string")
-    if logits:
-        ddl += ", logits array<float>"
-    if embeddings:
-        ddl += ", embedding array<float>"
-    return ddl
 
 
 @dataclass(frozen=True)
@@ -100,12 +74,12 @@ class TaskEnvironment:
 @dataclass
 class _BatchState:
     """One input record batch on its way through the sidecar. `paths` name the rows in error messages (file
-    paths, or row labels where the input has none)."""
+    paths, or row labels where the input has none); `replies` gather (input positions, rows in the reply
+    layout) per request, and for the rows that failed here or got an ERROR instead of a reply."""
 
     paths: list[str]
-    errors: list[str | None]
     carried: dict[str, pa.Array] = field(default_factory=dict)
-    results: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
+    replies: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
 
 
 class PartitionInference:
@@ -125,48 +99,22 @@ class PartitionInference:
             yield self.assemble(state)
 
     def assemble(self, state: _BatchState) -> pa.RecordBatch:
-        """The classify output rows of one input batch, in input order."""
-        n = len(state.paths)
-        schema = output_schema(logits=self.plan.endpoint.logits, embeddings=self.plan.endpoint.embeddings)
-        take = [None] * n  # row -> position among rows that have model outputs
-        for position, row in enumerate(row for rows, _ in state.results for row in rows):
-            take[row] = position
-        if state.results:
-            ok = pa.Table.from_batches([reply for _, reply in state.results]).combine_chunks()
-            ok_columns = self._ok_columns(ok)
-            indices = pa.array(take, pa.int32())
-            columns = {name: values.take(indices) for name, values in ok_columns.items()}
-        else:
-            columns = {name: pa.nulls(n, schema.field(name).type)
-                       for name in schema.names if name not in ("path", "error")}
+        """The classify output rows of one input batch: every reply row at its input position (place_rows
+        checks one row per input row), with `path`, `label_name` and the carried columns added."""
+        endpoint = self.plan.endpoint
+        replies = place_rows(state.replies, len(state.paths), _reply_schema(self.plan))
+        schema = output_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)
+        columns = dict(zip(replies.schema.names, replies.columns, strict=True))
         columns["path"] = pa.array(state.paths, pa.string())
-        columns["error"] = pa.array(state.errors, pa.string())
+        columns["label_name"] = class_names(columns["label"], self.plan.label_names)
         for name, values in state.carried.items():
             schema = schema.append(pa.field(name, values.type))
             columns[name] = values
-        out = pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
-        if out.num_rows != n:  # the contract: exactly one output row per input row
-            raise SidecarError(f"assembled {out.num_rows} rows for {n} inputs")
-        return out
+        return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
-    def _ok_columns(self, ok: pa.Table) -> dict[str, pa.Array]:
-        m, k = ok.num_rows, self.plan.endpoint.top_k
-        labels = ok.column("label").chunk(0)
-        columns = {"label": labels, "score": ok.column("score").chunk(0)}
-        names = self.plan.label_names
-        columns["label_name"] = (pa.array([names[i] for i in labels.to_numpy()], pa.string()) if names
-                                 else pa.nulls(m, pa.string()))
-        pairs = pa.StructArray.from_arrays([ok.column("topk_label").chunk(0).flatten(),
-                                            ok.column("topk_score").chunk(0).flatten()], names=["label", "score"])
-        columns["topk"] = pa.ListArray.from_arrays(pa.array(np.arange(0, (m + 1) * k, k, dtype=np.int32)), pairs,
-                                                   type=TOPK_TYPE)
-        for optional in ("logits", "embedding"):
-            if optional in ok.column_names:
-                fixed = ok.column(optional).chunk(0)
-                width = fixed.type.list_size
-                columns[optional] = pa.ListArray.from_arrays(
-                    pa.array(np.arange(0, (m + 1) * width, width, dtype=np.int32)), fixed.flatten(), type=VECTOR_TYPE)
-        return columns
+
+def _reply_schema(plan: InferencePlan) -> pa.Schema:
+    return reply_schema(logits=plan.endpoint.logits, embeddings=plan.endpoint.embeddings)
 
 
 def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]], stats_accumulator=None,
@@ -193,6 +141,9 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
                              decode_options=plan.decode_options, timeout_s=plan.request_timeout_s, pid=info.pid)
 
     with FailoverClient(connect) as client:
+        if pixels_given and client.decode != "task":
+            raise SidecarError(f"the sidecar agreed to decode in {client.decode!r}, but the input holds decoded "
+                               "pixels, which go as they are")
         work = _work_items(plan, itertools.chain([first], inputs), decode_here=client.decode == "task")
         for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
             if rows is None:
@@ -200,8 +151,7 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
             elif isinstance(reply, SidecarError):
                 if plan.on_error == "fail":
                     raise SidecarError(f"{state.paths[rows[0]]} (and {len(rows) - 1} more): {reply}")
-                for row in rows:
-                    state.errors[row] = str(reply)
+                state.replies.append((rows, failed_rows([str(reply)] * len(rows), _reply_schema(plan))))
             else:
                 _take_reply(plan, state, rows, reply)
         if stats_accumulator is not None:
@@ -210,19 +160,13 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
 
 
 def _take_reply(plan: InferencePlan, state: _BatchState, rows: list[int], reply: pa.RecordBatch) -> None:
-    """Outputs of one request; rows the sidecar could not decode carry an error instead."""
-    if ERROR_COLUMN in reply.schema.names:
-        errors = reply.column(ERROR_COLUMN)
-        for row, error in zip(rows, errors.to_pylist(), strict=True):
+    """Keep one request's reply, its rows in the request's order; with on_error=fail, a failed row ends the task."""
+    if plan.on_error == "fail" and ERROR in reply.schema.names:
+        # A reply of other rows or columns than the request's fails in place_rows, where results are checked.
+        for row, error in zip(rows, reply.column(ERROR).to_pylist(), strict=False):
             if error is not None:
-                if plan.on_error == "fail":
-                    raise ImageError(f"{state.paths[row]}: {error}")
-                state.errors[row] = error
-        fine = pc.is_null(errors)
-        rows = [row for row, ok in zip(rows, fine.to_pylist(), strict=True) if ok]
-        reply = reply.filter(fine).drop_columns([ERROR_COLUMN])
-    if rows:
-        state.results.append((rows, reply))
+                raise ImageError(f"{state.paths[row]}: {error}")
+    state.replies.append((rows, reply))
 
 
 def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bool):
@@ -230,21 +174,24 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
     `inputs` yields (row names, image column[, the whole record batch]); the batch, when given, supplies image
     geometry (Spark image-source rows) and the columns `plan.carry` copies to the output.
 
-    Images are uint8 pixels decoded here, or the files themselves when the sidecar decodes."""
+    Images are uint8 pixels decoded here (`decode_here`: where the sidecar agreed they decode; always for
+    decoded pixels), or the files themselves. Rows that fail here join the state, in the reply layout, before
+    the end mark."""
     prep = plan.endpoint.preprocessing
     decode_options = DecodeOptions.from_dict(plan.decode_options)
+    pixels_given = plan.encoding not in FILE_ENCODINGS  # decoded pixels (image source, NumPy) never go as files
+    read_here = plan.encoding == LOCAL_FILES  # the source listed the files; their bytes are read here
     for paths, contents, *whole in inputs:
         batch = whole[0] if whole else None
         structs = pa.types.is_struct(contents.type)
-        pixels_given = plan.encoding not in FILE_ENCODINGS  # decoded pixels (image source, NumPy) never go as files
-        read_here = plan.encoding == LOCAL_FILES  # the source listed the files; their bytes are read here
-        here = decode_here or structs or pixels_given
         geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
                     if pixels_given and batch is not None and "height" in batch.schema.names else None)
         carried = {name: batch.column(name) for name in plan.carry} if batch is not None else {}
-        state = _BatchState(paths, [None] * len(paths), carried)
+        state = _BatchState(paths, carried)
         rows: list[int] = []
         images: list = []
+        failed: list[int] = []
+        errors: list[str] = []
         for i, path in enumerate(paths):
             try:
                 data = read_listed_file(path, decode_options) if read_here else contents[i].as_py()
@@ -255,22 +202,25 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
                 elif pixels_given:
                     shape = [column[i] for column in geometry] if geometry else []
                     data = preprocess_rgb(decoded_rgb(plan.encoding, data, *shape), prep)
-                elif here:
+                elif decode_here:
                     data = preprocess_pixels(data, prep, decode_options)
                 else:
                     check_file_size(data, decode_options)  # refused here: never sent to the sidecar
             except ImageError as e:
                 if plan.on_error == "fail":
                     raise ImageError(f"{path}: {e}") from e
-                state.errors[i] = str(e)
+                failed.append(i)
+                errors.append(str(e))
                 continue
             rows.append(i)
             images.append(data)
             if len(rows) == plan.request_rows:
-                yield (state, rows), np.stack(images) if here else images
+                yield (state, rows), np.stack(images) if decode_here else images
                 rows, images = [], []
         if rows:
-            yield (state, rows), np.stack(images) if here else images
+            yield (state, rows), np.stack(images) if decode_here else images
+        if failed:
+            state.replies.append((failed, failed_rows(errors, _reply_schema(plan))))
         yield (state, None), None
 
 

@@ -12,7 +12,6 @@ import io
 import re
 
 import numpy as np
-import pyarrow as pa
 import pytest
 import torch
 from PIL import Image
@@ -20,7 +19,9 @@ from sklearn.datasets import load_sample_image
 
 from spark_cnn.imaging.preprocess import Preprocessing, decode_rgb, preprocess_pixels
 from spark_cnn.sidecar.batch_decode import _gpu_can_take, decode_on_gpu, decode_on_host, resize_crop_tensor
+from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.task import protocol
+from spark_cnn.task.schema import ERROR, reply_schema
 
 PREP = Preprocessing()  # resize 256, crop 224
 # Measured on torch 2.14 / Pillow for the photos below: mean |diff| 0.08-0.16 grey levels, 99th percentile and
@@ -166,29 +167,30 @@ def test_gpu_takes_plain_jpegs_only():
 
 # --- payloads ------------------------------------------------------------------------------------------------------
 
-def test_encode_outputs_with_row_errors_puts_nulls_in_failed_rows():
+def test_a_reply_with_row_errors_keeps_every_row_in_place_with_null_outputs():
     outputs = {"label": np.array([7, 9], np.int32), "score": np.array([0.5, 0.25], np.float32),
-               "topk_label": np.array([[7, 1], [9, 2]], np.int32)}
+               "topk_label": np.array([[7, 1], [9, 2]], np.int32), "topk_score": np.array([[0.5, 0.1], [0.25, 0.2]])}
     row_errors = [None, "cannot decode image: truncated", None, "empty file (0 bytes)"]
 
-    batch = protocol.decode_outputs(protocol.encode_outputs(outputs, row_errors))
+    batch = protocol.decode_outputs(protocol.encode_outputs(reply_batch(outputs, row_errors, reply_schema())))
 
-    assert batch.schema.names == ["label", "score", "topk_label", protocol.ERROR_COLUMN]
+    assert batch.schema.equals(reply_schema())
     assert batch.num_rows == 4
     assert batch.column("label").to_pylist() == [7, None, 9, None]
     assert batch.column("score").to_pylist() == [0.5, None, 0.25, None]
-    assert batch.column("topk_label").to_pylist() == [[7, 1], None, [9, 2], None]
-    assert batch.column(protocol.ERROR_COLUMN).to_pylist() == row_errors
+    assert [[p["label"] for p in row] if row else row for row in batch.column("topk").to_pylist()] == \
+        [[7, 1], None, [9, 2], None]
+    assert batch.column(ERROR).to_pylist() == row_errors
 
 
-def test_encode_outputs_with_no_good_row_holds_only_the_error_column():
+def test_a_reply_with_no_good_row_has_every_column_null_but_the_error():
     row_errors = ["empty file (0 bytes)", "cannot decode image: x"]
 
-    batch = protocol.decode_outputs(protocol.encode_outputs({}, row_errors))
+    batch = protocol.decode_outputs(protocol.encode_outputs(reply_batch({}, row_errors, reply_schema(logits=True))))
 
-    assert batch.schema.names == [protocol.ERROR_COLUMN]
-    assert batch.column(0).type == pa.string()
-    assert batch.column(0).to_pylist() == row_errors
+    assert batch.schema.equals(reply_schema(logits=True))
+    assert batch.column(ERROR).to_pylist() == row_errors
+    assert all(batch.column(name).null_count == 2 for name in batch.schema.names if name != ERROR)
 
 
 def test_decode_request_tells_files_from_pixels(china_jpeg):

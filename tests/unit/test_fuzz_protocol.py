@@ -8,6 +8,7 @@ of them and a fresh one both still get exact results, and the sidecar process li
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import struct
@@ -18,11 +19,13 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from PIL import Image
 
 from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.protocol import Kind
+from spark_cnn.task.schema import ERROR, reply_schema
 from tests.unit import test_sidecar_process as process_tests
 from tests.unit.test_sidecar_process import PIXEL_SHAPE, check_against_reference, random_pixels
 
@@ -61,13 +64,15 @@ def still_serving(shared, endpoint, reference, bystander):
     return check
 
 
-def raw_connection(info, endpoint, *, handshake: bool = True) -> socket.socket:
+def raw_connection(info, endpoint, *, handshake: bool = True, decode: str = "task") -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(REPLY_WAIT_S)
     sock.connect(info.socket)
     if handshake:
-        protocol.send_json(sock, Kind.HELLO, 1, {"token": info.token, "endpoint": endpoint.to_json(), "job": "fuzz"})
-        assert protocol.recv_frame(sock).kind == Kind.READY
+        protocol.send_json(sock, Kind.HELLO, 1, {"token": info.token, "endpoint": endpoint.to_json(), "job": "fuzz",
+                                                 "decode": decode})
+        ready = protocol.recv_frame(sock)
+        assert ready.kind == Kind.READY and ready.json()["decode"] == decode
     return sock
 
 
@@ -89,6 +94,13 @@ def one_reply(sock: socket.socket, request_id: int) -> protocol.Frame:
     frame = protocol.recv_frame(sock)
     assert frame.request_id == request_id and frame.kind in (Kind.RESULT, Kind.ERROR), (frame.kind, frame.request_id)
     return frame
+
+
+def png(pixels: np.ndarray) -> bytes:
+    """A lossless file of pixels at the model's input size: the sidecar decodes it to exactly these pixels."""
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
 
 
 def ipc(batch: pa.RecordBatch) -> bytes:
@@ -131,10 +143,12 @@ def wrong_schema_payloads(draw) -> bytes:
 
 
 @st.composite
-def mutated_payloads(draw) -> bytes:
-    """A valid INFER payload with bytes flipped, cut or inserted (Arrow metadata, lengths, offsets, data)."""
-    data = bytearray(protocol.encode_pixels(np.zeros((2, *PIXEL_SHAPE), np.uint8)).to_pybytes()
-                     if draw(st.booleans()) else protocol.encode_images([b"\xff\xd8\xff" * 10, b"abc"]).to_pybytes())
+def mutated_payloads(draw) -> tuple[bytes, str]:
+    """A valid INFER payload with bytes flipped, cut or inserted (Arrow metadata, lengths, offsets, data), and
+    where the connection it goes on decodes: pixels where the tasks decode, files where the sidecar does."""
+    files = draw(st.booleans())
+    data = bytearray(protocol.encode_images([b"\xff\xd8\xff" * 10, b"abc"]).to_pybytes() if files
+                     else protocol.encode_pixels(np.zeros((2, *PIXEL_SHAPE), np.uint8)).to_pybytes())
     for _ in range(draw(st.integers(1, 3))):
         at = draw(st.integers(0, len(data) - 1))
         action = draw(st.sampled_from(["flip", "cut", "insert"]))
@@ -146,18 +160,25 @@ def mutated_payloads(draw) -> bytes:
                 data = bytearray(b"\0")
         else:
             data[at:at] = draw(st.binary(min_size=1, max_size=16))
-    return bytes(data)
+    return bytes(data), "sidecar" if files else "task"
 
 
-def _send_bad_infer_then_good(info, endpoint, reference, payload: bytes) -> protocol.Frame:
+def _send_bad_infer_then_good(info, endpoint, reference, payload: bytes, decode: str = "task") -> protocol.Frame:
+    """Send `payload`, then a good request of what the connection agreed to (pixels, or files the sidecar
+    decodes), which must be answered in full."""
     pixels = random_pixels(np.random.default_rng(len(payload)), 1)
-    with raw_connection(info, endpoint) as sock:
+    with raw_connection(info, endpoint, decode=decode) as sock:
         protocol.send_frame(sock, Kind.INFER, 2, payload)
         reply = one_reply(sock, 2)
-        protocol.send_frame(sock, Kind.INFER, 3, protocol.encode_pixels(pixels))  # the same connection goes on
+        good_payload = protocol.encode_pixels(pixels) if decode == "task" else protocol.encode_images([png(pixels[0])])
+        protocol.send_frame(sock, Kind.INFER, 3, good_payload)  # the same connection goes on
         good = one_reply(sock, 3)
     assert good.kind == Kind.RESULT, good.json()
-    check_against_reference(reference, pixels, protocol.decode_outputs(good.payload))
+    outputs = protocol.decode_outputs(good.payload)
+    if decode == "task":
+        check_against_reference(reference, pixels, outputs)
+    else:
+        assert outputs.column(ERROR).to_pylist() == [None] and outputs.column("label").null_count == 0
     if reply.kind == Kind.ERROR:
         assert reply.json()["message"].startswith("bad request: "), reply.json()
     return reply
@@ -171,18 +192,45 @@ def test_random_bytes_as_infer_payload_fail_that_request_only(shared, endpoint, 
 
 
 @FUZZ
-@given(payload=wrong_schema_payloads())
-def test_wrong_schemas_fail_that_request_only(shared, endpoint, reference, payload):
-    reply = _send_bad_infer_then_good(shared[1], endpoint, reference, payload)
-    if reply.kind == Kind.RESULT:  # only an `encoded` column of files can be right: each row then has its error
+@given(payload=wrong_schema_payloads(), decode=st.sampled_from(["task", "sidecar"]))
+def test_wrong_schemas_fail_that_request_only(shared, endpoint, reference, payload, decode):
+    reply = _send_bad_infer_then_good(shared[1], endpoint, reference, payload, decode)
+    if reply.kind == Kind.RESULT:  # only an `encoded` column of files the sidecar decodes: one row each, in place
         outputs = protocol.decode_outputs(reply.payload)
-        assert protocol.ERROR_COLUMN in outputs.schema.names
+        assert decode == "sidecar"
+        assert outputs.schema.equals(reply_schema(logits=endpoint.logits, embeddings=endpoint.embeddings))
+        assert outputs.column(ERROR).null_count == 0  # random bytes are no image
 
 
 @FUZZ
-@given(payload=mutated_payloads())
-def test_mutated_arrow_payloads_fail_that_request_only(shared, endpoint, reference, payload):
-    _send_bad_infer_then_good(shared[1], endpoint, reference, payload)
+@given(case=mutated_payloads())
+def test_mutated_arrow_payloads_fail_that_request_only(shared, endpoint, reference, case):
+    payload, decode = case
+    _send_bad_infer_then_good(shared[1], endpoint, reference, payload, decode)
+
+
+@pytest.mark.parametrize("decode", ["task", "sidecar"])
+def test_a_request_unlike_the_agreed_decode_place_fails_that_request_only(shared, endpoint, reference, decode):
+    pixels = random_pixels(np.random.default_rng(11), 2)
+    unlike = protocol.encode_images([png(p) for p in pixels]) if decode == "task" else protocol.encode_pixels(pixels)
+    reply = _send_bad_infer_then_good(shared[1], endpoint, reference, unlike.to_pybytes(), decode)
+    assert reply.kind == Kind.ERROR
+    assert f"agreed to decode in {decode!r}" in reply.json()["message"]
+
+
+def test_files_the_sidecar_decodes_come_back_one_row_each_in_place(shared, endpoint, reference):
+    pixels = random_pixels(np.random.default_rng(12), 2)
+    files = [png(pixels[0]), b"", b"not an image", png(pixels[1])]
+    with raw_connection(shared[1], endpoint, decode="sidecar") as sock:
+        protocol.send_frame(sock, Kind.INFER, 2, protocol.encode_images(files))
+        reply = one_reply(sock, 2)
+    assert reply.kind == Kind.RESULT, reply.json()
+    outputs = protocol.decode_outputs(reply.payload)
+    assert outputs.schema.equals(reply_schema(logits=endpoint.logits, embeddings=endpoint.embeddings))
+    errors = outputs.column(ERROR).to_pylist()
+    assert errors[0] is None and errors[3] is None and errors[1] and errors[2]
+    assert outputs.column("label").is_null().to_pylist() == [False, True, True, False]
+    check_against_reference(reference, pixels, outputs.take([0, 3]))
 
 
 def test_request_level_cases_left_the_sidecar_serving(still_serving):

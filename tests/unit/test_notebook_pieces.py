@@ -13,16 +13,18 @@ from PIL import Image
 from spark_cnn.cli import build_parser, main
 from spark_cnn.cli.classify import classify_config
 from spark_cnn.config import ClassifyConfig, InferenceOptions
-from spark_cnn.errors import ConfigError, ImageError, ModelError
+from spark_cnn.errors import ConfigError, ImageError, ModelError, SidecarError
 from spark_cnn.imaging.image_struct import image_struct_to_rgb, is_image_struct, preprocess_image_struct
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
 from spark_cnn.models.heads import Predictor, pool_spatial
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.spark.frames import inference_options
 from spark_cnn.spark.udf import OUTPUT_TYPES, cnn_udf, output_frame
 from spark_cnn.task.launcher import LaunchOptions
+from spark_cnn.task.schema import failed_rows, output_schema, reply_schema
 from spark_cnn.task.stream import InferencePlan, PartitionInference, _BatchState
 
 
@@ -134,18 +136,32 @@ def test_classify_config_carries_its_inference_options():
     assert config.run_options == config.inference_options.run_options
 
 
-def _assembled(label_names=None, logits=False) -> pa.RecordBatch:
-    """Classify output rows of a 3-row batch whose middle row failed, as PartitionInference assembles them."""
+def _plan(label_names=None, logits=False) -> InferencePlan:
     endpoint = resolve_endpoint(ModelSpec(DIGITS_FACTORY), top_k=2, logits=logits).endpoint
-    plan = InferencePlan(endpoint=endpoint, launch=LaunchOptions(app_id="a"), job_id="j", label_names=label_names)
-    reply = {"label": pa.array([3, 7], pa.int32()), "score": pa.array([0.9, 0.8], pa.float32()),
-             "topk_label": pa.FixedSizeListArray.from_arrays(pa.array([3, 1, 7, 2], pa.int32()), 2),
-             "topk_score": pa.FixedSizeListArray.from_arrays(pa.array([0.9, 0.1, 0.8, 0.2], pa.float32()), 2)}
+    return InferencePlan(endpoint=endpoint, launch=LaunchOptions(app_id="a"), job_id="j", label_names=label_names)
+
+
+def _assembled(label_names=None, logits=False) -> pa.RecordBatch:
+    """Classify output rows of a 3-row batch whose middle row failed, as PartitionInference assembles them from
+    one reply for rows c and a (in that order) and the failed row."""
+    schema = reply_schema(logits=logits)
+    outputs = {"label": np.array([7, 3]), "score": np.array([0.8, 0.9], np.float32),
+               "topk_label": np.array([[7, 2], [3, 1]]), "topk_score": np.array([[0.8, 0.2], [0.9, 0.1]], np.float32)}
     if logits:
-        reply["logits"] = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(20, dtype=np.float32)), 10)
-    state = _BatchState(["a", "b", "c"], [None, "cannot decode image", None],
-                        results=[([0, 2], pa.RecordBatch.from_pydict(reply))])
-    return PartitionInference(plan).assemble(state)
+        outputs["logits"] = np.arange(20, dtype=np.float32).reshape(2, 10)[::-1]
+    state = _BatchState(["a", "b", "c"], replies=[([2, 0], reply_batch(outputs, None, schema)),
+                                                  ([1], failed_rows(["cannot decode image"], schema))])
+    return PartitionInference(_plan(label_names, logits)).assemble(state)
+
+
+def test_assembled_rows_are_the_classify_output_one_per_input_row():
+    rows = _assembled(("zero", "one", "two", "three", "four", "five", "six", "seven"))
+    assert rows.schema.equals(output_schema())
+    assert rows.column("path").to_pylist() == ["a", "b", "c"]
+    assert rows.column("label_name").to_pylist() == ["three", None, "seven"]
+    with pytest.raises(SidecarError, match="2 result rows for 3 input rows"):
+        PartitionInference(_plan()).assemble(_BatchState(["a", "b", "c"], replies=[
+            ([0, 2], failed_rows(["x", "y"], reply_schema()))]))
 
 
 def test_udf_frames_keep_one_row_per_input_and_errors_in_place():

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from spark_cnn.errors import SidecarError
+from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.task import protocol
 from spark_cnn.task.protocol import (
     HEADER,
@@ -19,13 +20,14 @@ from spark_cnn.task.protocol import (
     ConnectionClosed,
     Kind,
     decode_outputs,
-    decode_pixels,
+    decode_request,
     encode_outputs,
     encode_pixels,
     recv_frame,
     send_frame,
     send_json,
 )
+from spark_cnn.task.schema import ERROR, TOPK_ITEM, VECTOR_TYPE, reply_schema
 
 JOIN_S = 5.0
 
@@ -124,6 +126,13 @@ def test_connection_closed_is_a_sidecar_error():
 
 # --- pixels ---------------------------------------------------------------------------------------------------
 
+def decode_pixels(payload) -> np.ndarray:
+    """An INFER payload of pixels as the sidecar reads it: (N, H, W, 3) uint8."""
+    pixels = decode_request(payload)
+    assert isinstance(pixels, np.ndarray), f"expected pixels, got {type(pixels).__name__}"
+    return pixels
+
+
 @pytest.mark.parametrize("shape", [(1, 224, 224, 3), (5, 32, 32, 3), (3, 7, 5, 3)])
 def test_pixels_round_trip_exactly(shape):
     pixels = np.random.default_rng(1).integers(0, 256, size=shape, dtype=np.uint8)
@@ -199,9 +208,9 @@ def test_payload_with_two_record_batches_is_refused():
         decode_pixels(sink.getvalue())
 
 
-# --- outputs --------------------------------------------------------------------------------------------------
+# --- outputs: one reply row per request row -------------------------------------------------------------------
 
-def test_outputs_round_trip_with_scalars_and_vectors():
+def test_outputs_round_trip_in_the_reply_layout_with_topk_pairs_and_vectors():
     rng = np.random.default_rng(4)
     outputs = {
         "label": rng.integers(0, 1000, size=6).astype(np.int64),
@@ -210,31 +219,43 @@ def test_outputs_round_trip_with_scalars_and_vectors():
         "topk_score": rng.random((6, 5)).astype(np.float32),
         "embedding": rng.standard_normal((6, 17)).astype(np.float32),
     }
-    batch = decode_outputs(encode_outputs(outputs))
+    schema = reply_schema(embeddings=True)
+    batch = decode_outputs(encode_outputs(reply_batch(outputs, None, schema)))
 
-    assert batch.schema.names == list(outputs)
+    assert batch.schema.equals(schema)
     assert batch.num_rows == 6
-    for name, values in outputs.items():
-        column = batch.column(name)
-        if values.ndim == 1:
-            assert column.type == pa.from_numpy_dtype(values.dtype)
-            assert np.array_equal(column.to_numpy(), values)
-        else:
-            assert pa.types.is_fixed_size_list(column.type)
-            assert column.type.list_size == values.shape[1]
-            assert column.type.value_type == pa.from_numpy_dtype(values.dtype)
-            assert np.array_equal(column.flatten().to_numpy().reshape(values.shape), values)
+    assert np.array_equal(batch.column("label").to_numpy(), outputs["label"])
+    assert np.array_equal(batch.column("score").to_numpy(), outputs["score"])
+    assert batch.column("topk").type == pa.list_(TOPK_ITEM)
+    pairs = batch.column("topk").flatten()
+    assert np.array_equal(pairs.field("label").to_numpy().reshape(6, 5), outputs["topk_label"])
+    assert np.array_equal(pairs.field("score").to_numpy().reshape(6, 5), outputs["topk_score"])
+    assert batch.column("embedding").type == VECTOR_TYPE
+    assert np.array_equal(batch.column("embedding").flatten().to_numpy().reshape(6, 17), outputs["embedding"])
+    assert batch.column(ERROR).null_count == 6
+
+
+def _outputs(rows: int, **vectors) -> dict[str, np.ndarray]:
+    return {"label": np.arange(rows), "score": np.ones(rows, np.float32),
+            "topk_label": np.zeros((rows, 2), np.int32), "topk_score": np.zeros((rows, 2), np.float32), **vectors}
 
 
 def test_outputs_accept_a_non_contiguous_matrix():
     matrix = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]
-    batch = decode_outputs(encode_outputs({"m": matrix}))
-    assert np.array_equal(np.stack(batch.column("m").to_numpy(zero_copy_only=False)), matrix)
+    batch = decode_outputs(encode_outputs(reply_batch(_outputs(4, logits=matrix), None, reply_schema(logits=True))))
+    assert np.array_equal(np.stack(batch.column("logits").to_numpy(zero_copy_only=False)), matrix)
 
 
 def test_outputs_with_different_row_counts_are_refused():
-    with pytest.raises(ValueError, match="same length"):
-        encode_outputs({"a": np.zeros(3), "b": np.zeros((4, 2))})
+    with pytest.raises(SidecarError, match="different numbers of rows"):
+        reply_batch(_outputs(3, logits=np.zeros((4, 2))), None, reply_schema(logits=True))
+
+
+def test_outputs_of_other_shapes_than_one_value_or_vector_per_row_are_refused():
+    with pytest.raises(SidecarError, match="shape"):
+        reply_batch(_outputs(3, logits=np.zeros((3, 2, 2))), None, reply_schema(logits=True))
+    with pytest.raises(SidecarError, match="shape"):
+        reply_batch({**_outputs(3), "label": np.zeros((3, 1))}, None, reply_schema())
 
 
 def test_protocol_kinds_are_distinct_named_values():

@@ -16,6 +16,7 @@ from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import Endpoint, ModelSpec
 from spark_cnn.models.tensors import normalise
 from spark_cnn.sidecar.job_stats import JobStats
+from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.sidecar.runner import (
     MIN_TOP1_AGREEMENT,
     PRECISION_PROBE_IMAGES,
@@ -26,6 +27,7 @@ from spark_cnn.sidecar.runner import (
     resolve_device,
 )
 from spark_cnn.task.run_options import PRECISIONS, RunOptions
+from spark_cnn.task.schema import reply_schema
 
 CPU = torch.device("cpu")
 LOGITS_ATOL = 1e-5
@@ -141,6 +143,19 @@ def test_fp32_run_equals_a_direct_torch_forward(endpoint, pixels, reference, fp3
     np.testing.assert_allclose(fp32_out["score"], probs.max(axis=1), atol=1e-6, rtol=0)
     np.testing.assert_array_equal(fp32_out["topk_label"][:, 0], fp32_out["label"])
     assert np.all(np.diff(fp32_out["topk_score"], axis=1) <= 0), "top-k scores must be in descending order"
+
+
+def test_the_runners_outputs_make_its_reply_rows(endpoint, fp32_out):
+    runner = ModelRunner(endpoint, CPU)
+
+    reply = reply_batch(fp32_out, None, runner.reply_schema)
+
+    assert reply.schema.equals(reply_schema(logits=True)) and reply.num_rows == ROWS
+    assert reply.column("label").to_pylist() == fp32_out["label"].tolist()
+    pairs = reply.column("topk").to_pylist()
+    assert [[p["label"] for p in row] for row in pairs] == fp32_out["topk_label"].tolist()
+    assert [[p["score"] for p in row] for row in pairs] == fp32_out["topk_score"].tolist()
+    np.testing.assert_array_equal(np.array(reply.column("logits").to_pylist(), np.float32), fp32_out["logits"])
 
 
 def test_the_three_stages_on_the_cpu_are_plain_calls(endpoint, pixels, fp32_out):

@@ -26,6 +26,7 @@ from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.task import protocol
 from spark_cnn.task.protocol import Kind
+from spark_cnn.task.schema import ERROR, reply_schema
 
 # Generous bounds for thread hand-offs: a passing test never waits for them, a hanging one fails after them.
 REPLY_WAIT_S = 10.0
@@ -36,6 +37,7 @@ FAKE_SHAPE = (2, 2, 3)
 ID_BYTES = 3  # row ids up to 2**24, little-endian in the first three values
 POISON = 255  # a row of all 255s makes the fake model raise a RuntimeError for its whole batch
 OOM_ROW = 254  # a row of all 254s makes the fake model run out of memory at any batch size
+FAKE_REPLY = reply_schema(logits=True)  # the fake model's outputs: label, score, top-2 and logits
 # Batches the pipeline stages may hold beyond the queue (assembling, staged, computing, computed, delivering):
 # a few each, never a number that grows with the load.
 PIPELINE_BATCHES_MAX = 8
@@ -113,7 +115,7 @@ def check_traceable(batch: pa.RecordBatch, ids) -> None:
     np.testing.assert_array_equal(batch.column("label").to_numpy(), ids & 0xFF)
     second = ((ids >> 8) & 0xFF).astype(np.float32)
     np.testing.assert_array_equal(batch.column("score").to_numpy(), second / np.float32(255.0))
-    topk = batch.column("topk_label").flatten().to_numpy().reshape(len(ids), 2)
+    topk = batch.column("topk").flatten().field("label").to_numpy().reshape(len(ids), 2)
     np.testing.assert_array_equal(topk, np.stack([ids & 0xFF, (ids >> 8) & 0xFF], axis=1))
 
 
@@ -128,6 +130,7 @@ class FakeRunner:
     cuda = False
     precision = "fp32"
     endpoint = None
+    reply_schema = FAKE_REPLY
 
     def __init__(self, *, oom_above: int | None = None, delay_s: float = 0.0, bad_output_row: int | None = None):
         self.oom_above = oom_above
@@ -416,7 +419,7 @@ def test_backpressure_bounds_queued_and_in_flight_rows_with_a_slow_model():
 
 # --- replies without the model ----------------------------------------------------------------------------------
 
-def test_a_request_whose_every_image_failed_to_decode_replies_at_once_with_only_the_error_column():
+def test_a_request_whose_every_image_failed_to_decode_replies_at_once_with_null_outputs_and_its_errors():
     runner = FakeRunner()
     service = ModelService(runner, 8, JobStats())
     conn = RecordingConnection()
@@ -426,8 +429,9 @@ def test_a_request_whose_every_image_failed_to_decode_replies_at_once_with_only_
 
     assert conn.count == 1  # sent from submit itself, before it returned
     batch = conn.result(9)
-    assert batch.schema.names == [protocol.ERROR_COLUMN]
-    assert batch.column(protocol.ERROR_COLUMN).to_pylist() == errors
+    assert batch.schema.equals(runner.reply_schema)
+    assert batch.column(ERROR).to_pylist() == errors
+    assert all(batch.column(name).null_count == len(errors) for name in batch.schema.names if name != ERROR)
     assert runner.forwards == []
     assert service.queue.queued_rows == 0
 
@@ -442,7 +446,7 @@ def test_a_partly_decoded_request_puts_its_failed_rows_back_in_place():
     assert conn.wait_for(1)
     batch = conn.result(3)
     assert batch.num_rows == 5
-    assert batch.column(protocol.ERROR_COLUMN).to_pylist() == row_errors
+    assert batch.column(ERROR).to_pylist() == row_errors
     assert batch.column("label").to_pylist() == [None, 21, 22, None, 23]
     logits = batch.column("logits").to_pylist()
     assert [row[0] if row else None for row in logits] == [None, 21.0, 22.0, None, 23.0]

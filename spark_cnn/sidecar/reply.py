@@ -1,0 +1,84 @@
+"""The last stage of a request in the sidecar: the model's outputs for its rows -> its RESULT rows.
+
+The reply has exactly the request's rows, in order, as `task.schema.reply_schema` lays them out: the top-k
+pairs shaped here, once, as list<struct<label, score>>, and vectors as list<float>; a row whose image did not
+decode keeps its place, with null outputs and its `error`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from spark_cnn.errors import SidecarError
+from spark_cnn.task.schema import ERROR, TOPK_ITEM, failed_rows, place_rows
+
+
+def reply_batch(outputs: dict[str, np.ndarray], row_errors: list[str | None] | None, schema: pa.Schema
+                ) -> pa.RecordBatch:
+    """One `schema` row per request row.
+
+    `outputs` (ModelRunner.download: label, score (N,); topk_label, topk_score (N, k); logits, embedding
+    (N, width)) hold the rows that reached the model. `row_errors`, given when the sidecar decoded the
+    request, has one entry per request row: None where the image decoded (its outputs are the next row of
+    `outputs`), else why it did not.
+    """
+    computed = _computed_rows(outputs, schema)
+    if row_errors is None:
+        return computed
+    fine = [row for row, error in enumerate(row_errors) if error is None]
+    failed = [row for row, error in enumerate(row_errors) if error is not None]
+    return place_rows([(fine, computed), (failed, failed_rows([row_errors[row] for row in failed], schema))],
+                      len(row_errors), schema)
+
+
+def _computed_rows(outputs: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
+    if not outputs:  # no row reached the model
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    rows = len(outputs["label"])
+    columns = []
+    for field in schema:
+        if field.name == ERROR:
+            columns.append(pa.nulls(rows, pa.string()))
+        elif field.name == "topk":
+            columns.append(_topk(outputs["topk_label"], outputs["topk_score"]))
+        elif pa.types.is_list(field.type):
+            columns.append(_vectors(field.name, outputs[field.name], field.type))
+        else:
+            columns.append(pa.array(_with_ndim(field.name, outputs[field.name], 1), field.type))
+    lengths = {field.name: len(column) for field, column in zip(schema, columns, strict=True)}
+    if len(set(lengths.values())) != 1:
+        raise SidecarError(f"outputs with different numbers of rows ({lengths}); expected one row per image")
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _topk(labels: np.ndarray, scores: np.ndarray) -> pa.ListArray:
+    """(N, k) labels and scores, best first -> N lists of k (label, score) pairs."""
+    labels, scores = _with_ndim("topk_label", labels, 2), _with_ndim("topk_score", scores, 2)
+    if labels.shape != scores.shape:
+        raise SidecarError(f"top-k labels of shape {labels.shape} but scores of shape {scores.shape}")
+    rows, k = labels.shape
+    pairs = pa.StructArray.from_arrays([pa.array(labels.reshape(-1), TOPK_ITEM.field("label").type),
+                                        pa.array(scores.reshape(-1), TOPK_ITEM.field("score").type)],
+                                       fields=list(TOPK_ITEM))
+    return pa.ListArray.from_arrays(_offsets(rows, k), pairs, type=pa.list_(TOPK_ITEM))
+
+
+def _vectors(name: str, values: np.ndarray, list_type: pa.ListType) -> pa.ListArray:
+    """(N, width) -> N lists of `width` values."""
+    values = _with_ndim(name, values, 2)
+    rows, width = values.shape
+    return pa.ListArray.from_arrays(_offsets(rows, width), pa.array(values.reshape(-1), list_type.value_type),
+                                    type=list_type)
+
+
+def _offsets(rows: int, width: int) -> pa.Array:
+    return pa.array(np.arange(0, (rows + 1) * width, width, dtype=np.int32))
+
+
+def _with_ndim(name: str, values: np.ndarray, ndim: int) -> np.ndarray:
+    values = np.ascontiguousarray(values)
+    if values.ndim != ndim:
+        raise SidecarError(f"output {name!r} has shape {values.shape}; expected "
+                           f"{'one value' if ndim == 1 else 'one vector'} per row")
+    return values

@@ -1,0 +1,108 @@
+"""The result layout, declared once: the classify output schema, the sidecar's reply, the UDF's structs.
+
+The sidecar replies to each INFER with `reply_schema` rows, exactly the request's rows in order, with the
+model's columns null and `error` set where a row failed. The task adds `path` and `label_name` to make the
+`output_schema` rows; the Spark DDL for mapInArrow and the UDF's return types are derived from the same
+fields by `spark_ddl` and `spark_type`. Torch- and pyspark-free: both sides of the socket import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from spark_cnn.errors import SidecarError
+
+ERROR = "error"  # why a row has no model outputs; null when it has them
+TOPK_ITEM = pa.struct([("label", pa.int32()), ("score", pa.float32())])
+TOPK_TYPE = pa.list_(TOPK_ITEM)  # best first
+VECTOR_TYPE = pa.list_(pa.float32())
+# The classify output: one row per input image (README, "classify output").
+_FIELDS = (pa.field("path", pa.string()), pa.field("label", pa.int32()), pa.field("label_name", pa.string()),
+           pa.field("score", pa.float32()), pa.field("topk", TOPK_TYPE), pa.field(ERROR, pa.string()))
+_OPTIONAL = {"logits": pa.field("logits", VECTOR_TYPE), "embeddings": pa.field("embedding", VECTOR_TYPE)}
+# Output columns the task adds to the sidecar's reply: the row's name, and the label's class name.
+TASK_COLUMNS = ("path", "label_name")
+# The embed output: one embedding per image.
+EMBED_COLUMNS = ("path", "embedding", ERROR)
+# cnn_udf's outputs: each a struct of these output columns (`topk` items also name their label).
+UDF_OUTPUTS = {"top1": ("label", "label_name", "score", ERROR), "topk": ("topk", ERROR),
+               "logits": ("logits", ERROR), "embedding": ("embedding", ERROR)}
+NAMED_TOPK_ITEM = pa.struct([TOPK_ITEM.field("label"), pa.field("label_name", pa.string()), TOPK_ITEM.field("score")])
+
+_SPARK_NAMES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "bigint", pa.float32(): "float",
+                pa.float64(): "double", pa.binary(): "binary", pa.bool_(): "boolean"}
+
+
+def output_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
+    """The classify output columns: path, label, label_name, score, topk, error [, logits] [, embedding]."""
+    wanted = {"logits": logits, "embeddings": embeddings}
+    return pa.schema([*_FIELDS, *(field for key, field in _OPTIONAL.items() if wanted[key])])
+
+
+def reply_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
+    """What the sidecar sends for each request row: the output columns but those the task adds."""
+    schema = output_schema(logits=logits, embeddings=embeddings)
+    return pa.schema([field for field in schema if field.name not in TASK_COLUMNS])
+
+
+def udf_output_type(output: str) -> pa.StructType:
+    """The struct `cnn_udf(output=...)` returns per row, from the classify output's fields."""
+    fields = {field.name: field for field in output_schema(logits=True, embeddings=True)}
+    fields["topk"] = pa.field("topk", pa.list_(NAMED_TOPK_ITEM))
+    return pa.struct([fields[name] for name in UDF_OUTPUTS[output]])
+
+
+def spark_type(arrow_type: pa.DataType) -> str:
+    """An Arrow type as Spark DDL spells it: int32 -> int, list<float> -> array<float>, struct<a:int,...>."""
+    if pa.types.is_list(arrow_type):
+        return f"array<{spark_type(arrow_type.value_type)}>"
+    if pa.types.is_struct(arrow_type):
+        return "struct<" + ",".join(f"{field.name}:{spark_type(field.type)}" for field in arrow_type) + ">"
+    if arrow_type not in _SPARK_NAMES:
+        raise TypeError(f"no Spark DDL name for the Arrow type {arrow_type}")
+    return _SPARK_NAMES[arrow_type]
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """`schema` as a Spark DDL string, for mapInArrow: 'path string, label int, ...'."""
+    return ", ".join(f"{field.name} {spark_type(field.type)}" for field in schema)
+
+
+def failed_rows(errors: Sequence[str], schema: pa.Schema) -> pa.RecordBatch:
+    """Rows without model outputs: every column of `schema` null but `error`, which says why."""
+    columns = [pa.array(errors, pa.string()) if field.name == ERROR else pa.nulls(len(errors), field.type)
+               for field in schema]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def place_rows(parts: Sequence[tuple[Sequence[int], pa.RecordBatch]], rows: int, schema: pa.Schema
+               ) -> pa.RecordBatch:
+    """Rows of several `schema` batches put at their positions, in one concat and one take: part
+    (positions, batch) holds row positions[j] in its row j.
+
+    The contract of a result, checked here only: each part has `schema` and one row per position, and every
+    position in range(rows) is held by exactly one row.
+    """
+    for positions, batch in parts:
+        if batch.num_rows != len(positions):
+            raise SidecarError(f"a reply of {batch.num_rows} rows for a request of {len(positions)} rows")
+        if not batch.schema.equals(schema):
+            raise SidecarError(f"a reply with columns {batch.schema} where {schema} was expected")
+    held = np.fromiter((p for positions, _ in parts for p in positions), np.int64)
+    if len(held) != rows or not np.array_equal(np.sort(held), np.arange(rows)):
+        raise SidecarError(f"{len(held)} result rows for {rows} input rows, or not one row for each")
+    if not rows:
+        return pa.RecordBatch.from_pylist([], schema=schema)
+    order = np.empty(rows, np.int64)
+    order[held] = np.arange(rows)
+    return pa.concat_batches([batch for _, batch in parts]).take(pa.array(order))
+
+
+def class_names(labels: pa.Array, names: Sequence[str] | None) -> pa.Array:
+    """The class name of each label: null where the label is null, or without `names`."""
+    if not names:
+        return pa.nulls(len(labels), pa.string())
+    return pa.array(names, pa.string()).take(labels)
