@@ -205,9 +205,14 @@ class EtlConfig:
         if self.classify.overwrite:
             raise ConfigError("etl appends to OUTPUT; --overwrite does not apply (to start over, delete OUTPUT "
                               "and the checkpoint)")
-        if self.classify.inputs.format not in ("auto", "images"):
-            raise ConfigError(f"--input-format {self.classify.inputs.format}: etl watches a folder for new image "
-                              "files (auto or images); classify a table or Spark image source with classify")
+        inputs = self.classify.inputs
+        if inputs.format not in ("auto", "images"):
+            raise ConfigError(f"--input-format {inputs.format}: etl watches a folder for new image files (auto or "
+                              "images); classify a table or Spark's image source with classify")
+        columns = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
+                   if getattr(inputs, name) is not None]
+        if columns:
+            raise ConfigError(f"{', '.join(columns)}: etl reads image files, which have no columns")
         if self.classify.partition_by is not None:
             raise ConfigError(f"--partition-by {self.classify.partition_by}: etl partitions OUTPUT by micro-batch "
                               "(batch=N); partition a copy with classify")

@@ -23,7 +23,7 @@ from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.planning import ReadPlan, plan_reading
-from spark_cnn.spark.sources import TRUE_LABEL, open_source
+from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import HadoopFS, to_uri
 from spark_cnn.task.files import read_listed_file
 
@@ -79,6 +79,12 @@ class PetastormEncoder:
         return decoded_rgb(self.encoding, data, *geometry)
 
 
+def petastorm_encoder(config: PetastormConfig, source: ImageSource | None) -> PetastormEncoder:
+    """The tasks' encoder for `config`, reading `source` as inference would (planning.plan_reading)."""
+    reading = plan_reading(source, decode_options=config.decode_options, on_error=config.on_error)
+    return PetastormEncoder(reading, config.codec, jpeg_quality=config.jpeg_quality)
+
+
 def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) -> dict:
     """Write the images of `config.input` as a Petastorm dataset at `config.output`; returns a summary."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
@@ -89,8 +95,7 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
         source = open_source(spark, input_uri, config.inputs)
         schema = petastorm.image_unischema(config.codec, with_label=source.has_labels,
                                            jpeg_quality=config.jpeg_quality)
-        reading = plan_reading(source, decode_options=config.decode_options, on_error=config.on_error)
-        encoder = PetastormEncoder(reading, config.codec, jpeg_quality=config.jpeg_quality)
+        encoder = petastorm_encoder(config, source)
         ddl = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'binary'}"
                         for f in petastorm.arrow_schema(schema))
         staging = staging_uri(output_uri, uuid.uuid4().hex[:12])
