@@ -4,23 +4,36 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, field
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
+from spark_cnn.formats.petastorm import DEFAULT_JPEG_QUALITY, WRITE_CODECS
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, REPLY_TIMEOUT_S
+from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_ROWS, REPLY_TIMEOUT_S
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 ON_ERROR_CHOICES = ("record", "fail")
-# Rows per request a task sends: large enough to amortise a message (~0.1 ms), small enough that the
-# batcher can fill device batches from several tasks at once.
-DEFAULT_REQUEST_ROWS = 16
-INPUT_FORMATS = ("auto", "images", "image", "parquet", "petastorm")
+FILE_FORMATS = ("images", "image")  # one file per image (binaryFile, Spark's image source)
+TABLE_FORMATS = ("parquet", "petastorm")  # a table with an image column
+INPUT_FORMATS = ("auto", *FILE_FORMATS, *TABLE_FORMATS)
 # Output columns a job may partition its Parquet by: small, repeated values (never paths, scores or vectors).
 PARTITION_COLUMNS = ("label", "label_name", "true_label")
+
+
+# Field metadata read by the CLI's option table (cli/resolution.py). NESTED: the field holds another options
+# dataclass whose own fields are options, under their flat names (flags, preset keys and spark.cnn.* keys stay
+# flat: --batch-size fills ClassifyConfig.inference.batch_size). OPTION_NAME: the flat name when it is not the
+# field's own (InputOptions.format is --input-format).
+NESTED = "spark_cnn.nested"
+OPTION_NAME = "spark_cnn.option"
+
+
+def nested(default=MISSING):
+    """A dataclass field holding nested options (see NESTED)."""
+    return field(default=default, metadata={NESTED: True})
 
 
 @dataclass(frozen=True)
@@ -33,7 +46,7 @@ class InputOptions:
     in the output, the label column (the true class) fills `true_label`.
     """
 
-    format: str = "auto"
+    format: str = field(default="auto", metadata={OPTION_NAME: "input_format"})
     glob: str | None = None
     image_column: str | None = None
     path_column: str | None = None
@@ -46,83 +59,30 @@ class InputOptions:
             raise ConfigError(f"--glob {self.glob!r}: expected a file-name pattern such as '*.jpg' (no '/')")
         table_only = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
                       if getattr(self, name) is not None]
-        if table_only and self.format in ("images", "image"):
+        if table_only and self.format in FILE_FORMATS:
             verb = "applies" if len(table_only) == 1 else "apply"
             raise ConfigError(f"{', '.join(table_only)} {verb} to parquet and petastorm inputs, not "
                               f"--input-format {self.format}")
-        if self.glob is not None and self.format in ("parquet", "petastorm"):
+        if self.glob is not None and self.format in TABLE_FORMATS:
             raise ConfigError(f"--glob applies to image files, not --input-format {self.format}")
 
 
 @dataclass(frozen=True)
-class ClassifyConfig:
-    """Everything `spark-cnn classify` needs. `batch_size=None` means auto (chosen per device)."""
-
-    input: str
-    output: str
-    model: ModelSpec
-    labels: str | None = None
-    top_k: int | None = None
-    master: str | None = None
-    batch_size: int | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    channels_last: bool | None = None
-    compile: bool = False
-    decode: str = "auto"
-    threads: int | None = None
-    on_error: str = "record"
-    summary: str | None = None
-    logits: bool = False
-    embeddings: bool = False
-    overwrite: bool = False
-    quiet: bool = False
-    request_rows: int = DEFAULT_REQUEST_ROWS
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
-    request_timeout_s: float = REPLY_TIMEOUT_S
-    inputs: InputOptions = InputOptions()
-    partition_by: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.input:
-            raise ConfigError("INPUT is empty: give a folder of images")
-        if not self.output:
-            raise ConfigError("OUTPUT is empty: give a path for the Parquet output")
-        _ = self.inference_options  # validates the model and run options
-        if self.partition_by is not None and self.partition_by not in PARTITION_COLUMNS:
-            raise ConfigError(f"--partition-by {self.partition_by}: expected one of {', '.join(PARTITION_COLUMNS)}")
-
-    @property
-    def run_options(self) -> RunOptions:
-        return self.inference_options.run_options
-
-    @property
-    def decode_options(self) -> DecodeOptions:
-        return self.inference_options.decode_options
-
-    @property
-    def inference_options(self) -> InferenceOptions:
-        """The model and run options of this job, as the DataFrame functions and the UDF take them: every
-        InferenceOptions field, which ClassifyConfig declares too (flat, as the CLI and presets fill it)."""
-        return InferenceOptions(**{f.name: getattr(self, f.name) for f in fields(InferenceOptions)})
-
-
-@dataclass(frozen=True)
 class InferenceOptions:
-    """Which model runs and how: shared by the jobs (through ClassifyConfig), `spark_cnn.classify(df)`,
+    """Which model runs and how: shared by the jobs (ClassifyConfig.inference), `spark_cnn.classify(df)`,
     `spark_cnn.embed(df)` and `cnn_udf`. `labels` is a file of class names (one per line) or the names
-    themselves; `batch_size=None` means auto (chosen per device)."""
+    themselves; `batch_size=None` means auto (chosen per device).
+
+    >>> InferenceOptions(ModelSpec("resnet18"), batch_size=32).run_options.batch_size
+    32
+    """
 
     model: ModelSpec
     labels: str | Sequence[str] | None = None
     top_k: int | None = None
     logits: bool = False
     embeddings: bool = False
-    layer: str | None = None
+    layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
     batch_size: int | None = None
     device: str = "auto"
     precision: str = "auto"
@@ -150,10 +110,7 @@ class InferenceOptions:
             raise ConfigError(f"--layer {self.layer} picks the embedding layer; it needs embeddings")
         if not DEVICE_PATTERN.match(self.device):
             raise ConfigError(f"--device {self.device}: expected auto, cpu, cuda or cuda:N")
-        if self.on_error not in ON_ERROR_CHOICES:
-            raise ConfigError(f"--on-error {self.on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError(f"--batch-size {self.batch_size}: expected auto or a positive integer")
+        check_on_error(self.on_error)
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"--top-k {self.top_k}: expected a positive integer")
         if self.request_rows < 1 or self.max_in_flight < 1:
@@ -178,9 +135,45 @@ class InferenceOptions:
 
     @property
     def run_options(self) -> RunOptions:
+        """How the sidecar runs the model (sent in the HELLO)."""
         return RunOptions(batch_size=self.batch_size, precision=self.precision, channels_last=self.channels_last,
                           compile=self.compile)
 
+
+def check_on_error(on_error: str) -> None:
+    if on_error not in ON_ERROR_CHOICES:
+        raise ConfigError(f"--on-error {on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")
+
+
+@dataclass(frozen=True)
+class ClassifyConfig:
+    """Everything `spark-cnn classify` (and embed) needs: paths, the input, the model and how it runs
+    (`inference`), and what only the driver uses (master, summary, partitioning, overwrite, quiet).
+
+    >>> config = ClassifyConfig("in/", "out/", InferenceOptions(ModelSpec("resnet18"), top_k=3))
+    >>> config.inference.top_k, config.inputs.format
+    (3, 'auto')
+    """
+
+    input: str
+    output: str
+    inference: InferenceOptions = nested()
+    inputs: InputOptions = nested(InputOptions())
+    master: str | None = None
+    summary: str | None = None
+    partition_by: str | None = None
+    overwrite: bool = False
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.input:
+            raise ConfigError("INPUT is empty: give a folder of images")
+        if not self.output:
+            raise ConfigError("OUTPUT is empty: give a path for the Parquet output")
+        if not isinstance(self.inference, InferenceOptions):
+            raise ConfigError(f"inference must be InferenceOptions, got {type(self.inference).__name__}")
+        if self.partition_by is not None and self.partition_by not in PARTITION_COLUMNS:
+            raise ConfigError(f"--partition-by {self.partition_by}: expected one of {', '.join(PARTITION_COLUMNS)}")
 
 def parse_batch_size(text: str) -> int | None:
     if text == "auto":
@@ -200,8 +193,8 @@ DEFAULT_MAX_FILES_PER_TRIGGER = 1000
 class EtlConfig:
     """`spark-cnn etl`: the classify options plus where the stream keeps its progress."""
 
-    classify: ClassifyConfig
-    checkpoint: str
+    classify: ClassifyConfig = nested()
+    checkpoint: str = ""
     max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER
 
     def __post_init__(self) -> None:
@@ -212,6 +205,17 @@ class EtlConfig:
         if self.classify.overwrite:
             raise ConfigError("etl appends to OUTPUT; --overwrite does not apply (to start over, delete OUTPUT "
                               "and the checkpoint)")
+        inputs = self.classify.inputs
+        if inputs.format not in ("auto", "images"):
+            raise ConfigError(f"--input-format {inputs.format}: etl watches a folder for new image files (auto or "
+                              "images); classify a table or Spark's image source with classify")
+        columns = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
+                   if getattr(inputs, name) is not None]
+        if columns:
+            raise ConfigError(f"{', '.join(columns)}: etl reads image files, which have no columns")
+        if self.classify.partition_by is not None:
+            raise ConfigError(f"--partition-by {self.classify.partition_by}: etl partitions OUTPUT by micro-batch "
+                              "(batch=N); partition a copy with classify")
 
 
 # Row groups of 64 MiB: petastorm's readers load one row group per worker; a few dozen megabytes keeps
@@ -221,13 +225,15 @@ DEFAULT_ROW_GROUP_MB = 64
 
 @dataclass(frozen=True)
 class PetastormConfig:
-    """Everything `spark-cnn to-petastorm` needs: images in (any input format), a Petastorm dataset out."""
+    """Everything `spark-cnn to-petastorm` needs: images in (any input format, read as the classify job reads
+    them, under the same decode guard rails), a Petastorm dataset out."""
 
     input: str
     output: str
-    inputs: InputOptions = InputOptions()
-    codec: str = "png"
-    jpeg_quality: int = 95
+    inputs: InputOptions = nested(InputOptions())
+    decode_options: DecodeOptions = nested(DEFAULT_DECODE)
+    codec: str = WRITE_CODECS[0]
+    jpeg_quality: int = DEFAULT_JPEG_QUALITY
     row_group_mb: int = DEFAULT_ROW_GROUP_MB
     master: str | None = None
     on_error: str = "record"
@@ -235,8 +241,6 @@ class PetastormConfig:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        from spark_cnn.formats.petastorm import WRITE_CODECS
-
         if not self.input or not self.output:
             raise ConfigError("INPUT and OUTPUT must both be given")
         if self.codec not in WRITE_CODECS:
@@ -245,5 +249,4 @@ class PetastormConfig:
             raise ConfigError(f"--jpeg-quality {self.jpeg_quality}: expected 1..100")
         if self.row_group_mb < 1:
             raise ConfigError(f"--row-group-mb {self.row_group_mb}: expected a positive number of MiB")
-        if self.on_error not in ON_ERROR_CHOICES:
-            raise ConfigError(f"--on-error {self.on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")
+        check_on_error(self.on_error)

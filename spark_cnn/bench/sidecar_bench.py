@@ -72,11 +72,11 @@ def machine_info(device: str) -> str:
     return cpu
 
 
-def _client_main(socket_path: str, token: str, endpoint_json: str, job: str, options: dict, decode: str,
+def _client_main(socket_path: str, token: str, endpoint_json: str, job: str, options: RunOptions, decode: str,
                  images: list, request_size: int, max_in_flight: int, window, ready, go, results) -> None:
     """One client process: keep requests in flight until the window closes; report images done inside it."""
     endpoint = Endpoint.from_json(endpoint_json)
-    with SidecarClient(socket_path, token, endpoint, job, options=options, decode=decode) as client:
+    with SidecarClient(socket_path, token, endpoint, job, run_options=options, decode=decode) as client:
         ready.put(os.getpid())
         go.wait()
         start, end = window[0], window[1]
@@ -103,7 +103,7 @@ def _drive(cfg: SidecarBenchConfig, info, endpoint: Endpoint, options: RunOption
     job = f"bench-{uuid.uuid4().hex[:8]}"
     window, ready, go, results = ctx.Array("d", 2), ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_client_main, daemon=True, args=(
-        info.socket, info.token, endpoint.to_json(), job, options.to_dict(), cfg.decode, images, cfg.request_size,
+        info.socket, info.token, endpoint.to_json(), job, options, cfg.decode, images, cfg.request_size,
         cfg.requests_in_flight, window, ready, go, results)) for _ in range(cfg.clients)]
     for proc in procs:
         proc.start()
@@ -119,7 +119,7 @@ def _drive(cfg: SidecarBenchConfig, info, endpoint: Endpoint, options: RunOption
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    with SidecarClient(info.socket, info.token, endpoint, job, options=options.to_dict()) as client:
+    with SidecarClient(info.socket, info.token, endpoint, job, run_options=options) as client:
         stats = client.stats(job)
     return {"images_per_s": done / cfg.measure_s, "mean_batch_size": stats["mean_batch_size"],
             "batch_size": stats["batch_size"], "precision": stats["precision"]}

@@ -204,7 +204,7 @@ def run_predict_batch_udf(task: VariantTask) -> dict:
 # --- this project ------------------------------------------------------------------------------------------
 
 def run_spark_cnn(task: VariantTask) -> dict:
-    from spark_cnn.config import ClassifyConfig
+    from spark_cnn.config import ClassifyConfig, InferenceOptions
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.spark.classify_job import classify
     from spark_cnn.spark.session import spark_session
@@ -215,7 +215,8 @@ def run_spark_cnn(task: VariantTask) -> dict:
     try:
         def job(folder: str, out: str) -> dict:
             config = ClassifyConfig(input=folder, output=os.path.join(workdir, out),
-                                    model=ModelSpec(task.model, task.weights), master=MASTER, quiet=True)
+                                    inference=InferenceOptions(ModelSpec(task.model, task.weights)), master=MASTER,
+                                    quiet=True)
             return classify(config, spark=spark)
 
         job(task.warmup_input, "warmup")  # starts the sidecar and loads the model: start-up, not measured

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from spark_cnn.cli.common import write_json
+from spark_cnn.task.run_options import DECODE_PLACES, PRECISIONS
 
 
 def register(commands) -> None:
@@ -16,9 +17,9 @@ def register(commands) -> None:
     parser.add_argument("--request-size", type=int, default=1, help="images per request (default 1)")
     parser.add_argument("--batch-size", default="auto", help="target batch with batching on: auto or N")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--decode", default="task", choices=["task", "sidecar", "gpu"],
+    parser.add_argument("--decode", default="task", choices=DECODE_PLACES,
                        help="task: clients send pixels; sidecar/gpu: clients send JPEG files")
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--precision", default="auto", choices=PRECISIONS)
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--threads", type=int, help="torch CPU threads in the sidecar and the device-only run")

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 
 from spark_cnn.cli import resolution
 from spark_cnn.cli.common import floats
 from spark_cnn.cli.resolution import Option, flags_only, given
+from spark_cnn.config import INPUT_FORMATS, ON_ERROR_CHOICES, PARTITION_COLUMNS
 from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 from spark_cnn.task.client import REPLY_TIMEOUT_S
+from spark_cnn.task.run_options import DECODE_CHOICES, PRECISIONS
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
     inputs = parser.add_argument_group("input")
-    inputs.add_argument("--input-format", default="auto", choices=["auto", "images", "image", "parquet", "petastorm"],
+    inputs.add_argument("--input-format", default="auto", choices=INPUT_FORMATS,
                         help="auto: petastorm if INPUT has a Unischema, parquet if it holds only .parquet files, else "
                              "images; image = Spark's image data source")
     inputs.add_argument("--glob", help="only image files whose name matches, e.g. '*.jpg' or '*.{jpg,png}'")
@@ -25,11 +26,18 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_argument("--label-column", help="parquet/petastorm: the true class (name or index), for accuracy")
 
 
-def input_options(args: argparse.Namespace):
-    from spark_cnn.config import InputOptions
+def add_decode_limits(group) -> None:
+    """The guard rails every decode passes (imaging.limits.DecodeOptions), for each command that decodes."""
+    group.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                       help="refuse images with more pixels, from the header, before decoding (decompression bombs; "
+                            f"default {DEFAULT_MAX_PIXELS}, Pillow's own warning threshold)")
+    group.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
+                       help=f"refuse larger files before parsing them (default {DEFAULT_MAX_FILE_BYTES}, 64 MiB)")
 
-    return InputOptions(format=args.input_format, glob=args.glob, image_column=args.image_column,
-                        path_column=args.path_column, label_column=args.label_column)
+
+def add_on_error(group) -> None:
+    group.add_argument("--on-error", default="record", choices=ON_ERROR_CHOICES,
+                       help="an unreadable image: record it in the error column, or fail the job")
 
 
 def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False) -> None:
@@ -54,12 +62,12 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--master", help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
     run.add_argument("--batch-size", default="auto", help="rows per device batch: auto or N")
     run.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    run.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+    run.add_argument("--precision", default="auto", choices=PRECISIONS,
                      help="auto: fp32 on CPU; on CUDA bf16 where top-1 agrees with fp32 on >= 99%% of the first images")
     run.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                      help="NHWC memory layout (default: on for CUDA)")
     run.add_argument("--compile", action="store_true", help="torch.compile the model in the sidecar")
-    run.add_argument("--decode", default="auto", choices=["auto", "task", "sidecar", "gpu"],
+    run.add_argument("--decode", default="auto", choices=DECODE_CHOICES,
                      help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG); auto: the "
                      "sidecar picks from its device, the decode cost and the model's predicted rate")
     run.add_argument("--threads", type=int, help="torch CPU threads per compute thread of a CPU sidecar "
@@ -67,19 +75,14 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REPLY_TIMEOUT_S,
                      metavar="SECONDS", help="a sidecar that does not answer a request for this long is stopped "
                                              f"and the task retried (default: {REPLY_TIMEOUT_S:g})")
-    run.add_argument("--on-error", default="record", choices=["record", "fail"],
-                     help="an unreadable image: record it in the error column, or fail the job")
-    run.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
-                     help="refuse images with more pixels, from the header, before decoding (decompression bombs; "
-                          f"default {DEFAULT_MAX_PIXELS}, Pillow's own warning threshold)")
-    run.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
-                     help=f"refuse larger files before parsing them (default {DEFAULT_MAX_FILE_BYTES}, 64 MiB)")
+    add_on_error(run)
+    add_decode_limits(run)
     out = parser.add_argument_group("output")
     if not embed:
         out.add_argument("--logits", action="store_true", help="add the logits column")
         out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
     out.add_argument("--summary", help="also write the JSON summary here")
-    out.add_argument("--partition-by", choices=["label", "label_name", "true_label"],
+    out.add_argument("--partition-by", choices=PARTITION_COLUMNS,
                      help="partition the Parquet output by this column")
     out.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     out.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -125,26 +128,27 @@ def classify_config(args: argparse.Namespace, *, embed: bool = False, preset: di
 # Options that describe the model rather than the job: they become the ModelSpec.
 MODEL_OPTIONS = ("model", "weights", "resize", "crop", "mean", "std")
 PREPROCESSING_OPTIONS = ("resize", "crop", "mean", "std")
-# Options that say how to read INPUT: they become ClassifyConfig.inputs (option -> InputOptions field).
-INPUT_OPTIONS = {"input_format": "format", "glob": "glob", "image_column": "image_column",
-                 "path_column": "path_column", "label_column": "label_column"}
 
 
-def config_from(values: dict):
-    """ClassifyConfig from resolved option values: every value whose name is a ClassifyConfig field goes in."""
-    from spark_cnn.config import ClassifyConfig, InputOptions, parse_batch_size
+def config_from(values: dict, config: type | None = None):
+    """ClassifyConfig (or `config`, e.g. EtlConfig) from resolved option values: each value fills the field of its
+    flat name, nested ones too (resolution.build); the model options become the ModelSpec."""
+    from spark_cnn.config import ClassifyConfig
+
+    return resolution.build(config or ClassifyConfig, with_model_spec(values))
+
+
+def with_model_spec(values: dict) -> dict:
+    """`values` with `model` a ModelSpec (from the MODEL_OPTIONS) and `batch_size` a number or None."""
+    from spark_cnn.config import parse_batch_size
     from spark_cnn.models.spec import ModelSpec
 
-    fields = {f.name for f in dataclasses.fields(ClassifyConfig)}
-    kwargs = {k: v for k, v in values.items() if k in fields and k not in MODEL_OPTIONS}
     # Only the fields given: the rest come from the model's own preprocessing when the model is resolved.
     prep = {k: values[k] for k in PREPROCESSING_OPTIONS if values.get(k) is not None}
-    kwargs["model"] = ModelSpec(values["model"], weights=values.get("weights"), preprocessing=prep or None)
-    kwargs["inputs"] = InputOptions(**{field: values[option] for option, field in INPUT_OPTIONS.items()
-                                       if values.get(option) is not None})
-    if isinstance(kwargs.get("batch_size"), str):
-        kwargs["batch_size"] = parse_batch_size(kwargs["batch_size"])
-    return ClassifyConfig(**kwargs)
+    spec = ModelSpec(values["model"], weights=values.get("weights"), preprocessing=prep or None)
+    batch_size = values.get("batch_size")
+    return {**values, "model": spec,
+            "batch_size": parse_batch_size(batch_size) if isinstance(batch_size, str) else batch_size}
 
 
 def report(summary: dict) -> str:

@@ -22,7 +22,7 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_cnn.config import ClassifyConfig
+    from spark_cnn.config import ClassifyConfig, InferenceOptions
     from spark_cnn.models.digits import DIGITS_FACTORY, prepare_demo
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.spark.classify_job import classify
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"trained the digits CNN: held-out accuracy {assets.train_accuracy:.4f} -> {assets.weights}")
     config = ClassifyConfig(
         input=assets.images, output=args.output or os.path.join(args.workdir, "output"),
-        model=ModelSpec(DIGITS_FACTORY, weights=assets.weights), labels=assets.labels, master=args.master,
-        summary=args.summary, overwrite=True)
+        inference=InferenceOptions(ModelSpec(DIGITS_FACTORY, weights=assets.weights), labels=assets.labels),
+        master=args.master, summary=args.summary, overwrite=True)
     print(report(classify(config)))
     return 0

@@ -41,8 +41,7 @@ def option_table() -> dict[str, Option]:
 def etl_config(values: dict):
     from spark_cnn.config import EtlConfig
 
-    return EtlConfig(classify=classify.config_from(values), checkpoint=values.get("checkpoint") or "",
-                     max_files_per_trigger=values["max_files_per_trigger"])
+    return classify.config_from(values, EtlConfig)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import argparse
 from spark_cnn.cli.common import write_json
 from spark_cnn.errors import SparkCnnError
 from spark_cnn.models.timing import DEFAULT_BATCH_SIZES
+from spark_cnn.perf.tuner import MODES
 
 
 def register(commands) -> None:
@@ -17,7 +18,7 @@ def register(commands) -> None:
     profile.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),
                          help="comma-separated batch sizes")
     profile.add_argument("--threads", type=int, help="torch CPU threads (default: the sidecar's, half the cores)")
-    profile.add_argument("--tuning", default="performance", choices=["performance", "memory"])
+    profile.add_argument("--tuning", default=MODES[0], choices=MODES)
     profile.add_argument("--validate", action="store_true", help="also measure each batch size and report errors")
     profile.add_argument("--recalibrate", action="store_true", help="measure the device again")
     profile.add_argument("--calibration-seconds", type=float,

@@ -1,8 +1,10 @@
 """Where a job's options come from, in one order: flags over preset over Spark conf (`spark.cnn.*`) over defaults.
 
 Pure: no files, no Spark. The set of options is derived, not listed: every optional and positional argument of a
-command's argparse parser, plus the fields of its config dataclasses that have no flag (e.g. `request_rows`). An
-option added to the parser or to ClassifyConfig is therefore known to presets and to Spark conf without edits here.
+command's argparse parser, plus the fields of its config dataclasses that have no flag (e.g. `request_rows`),
+nested ones included (ClassifyConfig.inference, .inputs) under flat names: `--batch-size` fills
+ClassifyConfig.inference.batch_size. An option added to the parser or to a config dataclass is therefore known to
+presets and to Spark conf without edits here.
 
 Names, for the option behind `--batch-size` (dest `batch_size`):
   flag           --batch-size 32
@@ -28,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spark_cnn.config import NESTED, OPTION_NAME
 from spark_cnn.errors import ConfigError
 
 SPARK_CONF_PREFIX = "spark.cnn."
@@ -60,7 +63,8 @@ class Option:
 
 def option_table(parser: argparse.ArgumentParser, *configs: type) -> dict[str, Option]:
     """Every option of `parser` (defaults as declared before `flags_only`), then every field of the `configs`
-    dataclasses that the parser does not cover, typed from its annotation."""
+    dataclasses (nested ones included, under their flat names) that the parser does not cover, typed from its
+    annotation."""
     table: dict[str, Option] = {}
     for action in parser._actions:  # argparse offers no public walk over its arguments
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.dest in NOT_OPTIONS:
@@ -71,15 +75,71 @@ def option_table(parser: argparse.ArgumentParser, *configs: type) -> dict[str, O
             choices=tuple(action.choices) if action.choices else None, switch=action.nargs == 0,
             flag=action.option_strings[-1] if action.option_strings else None)
     for config in configs:
-        hints = typing.get_type_hints(config)
-        for field in dataclasses.fields(config):
-            kind = _scalar_type(hints[field.name])
-            if field.name in table or not field.init or kind is None:
-                continue  # covered by a flag, or not a value one can write (e.g. a nested config)
-            default = field.default if field.default is not dataclasses.MISSING else None
-            table[field.name] = Option(name=field.name, default=default, switch=kind is bool,
-                                       convert=kind if kind in (int, float) else None)
+        for name, leaf in config_fields(config).items():
+            kind = _scalar_type(leaf.hint)
+            if name in table or kind is None:
+                continue  # covered by a flag, or not a value one can write (e.g. the ModelSpec)
+            default = leaf.field.default if leaf.field.default is not dataclasses.MISSING else None
+            table[name] = Option(name=name, default=default, switch=kind is bool,
+                                 convert=kind if kind in (int, float) else None)
     return table
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One leaf field of a config dataclass: `path` from the top config (("inference", "batch_size"))."""
+
+    path: tuple[str, ...]
+    field: dataclasses.Field
+    hint: Any
+
+
+def config_fields(config: type) -> dict[str, ConfigField]:
+    """{flat option name: field} for every init field of `config`, descending into NESTED fields.
+
+    >>> from spark_cnn.config import ClassifyConfig
+    >>> config_fields(ClassifyConfig)["batch_size"].path
+    ('inference', 'batch_size')
+    >>> config_fields(ClassifyConfig)["input_format"].path
+    ('inputs', 'format')
+    """
+    found: dict[str, ConfigField] = {}
+    hints = typing.get_type_hints(config)
+    for field in dataclasses.fields(config):
+        if not field.init:
+            continue
+        if field.metadata.get(NESTED):
+            inner = {name: dataclasses.replace(leaf, path=(field.name, *leaf.path))
+                     for name, leaf in config_fields(hints[field.name]).items()}
+        else:
+            inner = {field.metadata.get(OPTION_NAME, field.name): ConfigField((field.name,), field, hints[field.name])}
+        clash = set(inner) & set(found)
+        if clash:  # one flat name must mean one field, or a flag would fill two places
+            raise TypeError(f"{config.__name__}: option name(s) {sorted(clash)} name two fields")
+        found.update(inner)
+    return found
+
+
+def build(config: type, values: Mapping[str, Any]) -> Any:
+    """`config` from flat option values: each field takes the value of its flat name, NESTED fields are built the
+    same way. A name that is absent or None leaves the field's default.
+
+    >>> from spark_cnn.config import ClassifyConfig
+    >>> from spark_cnn.models.spec import ModelSpec
+    >>> build(ClassifyConfig, {"input": "in", "output": "out", "model": ModelSpec("resnet18"),
+    ...                        "batch_size": 8, "input_format": "images"}).inference.batch_size
+    8
+    """
+    hints = typing.get_type_hints(config)
+    kwargs = {}
+    for field in dataclasses.fields(config):
+        if not field.init:
+            continue
+        if field.metadata.get(NESTED):
+            kwargs[field.name] = build(hints[field.name], values)
+        elif values.get(name := field.metadata.get(OPTION_NAME, field.name)) is not None:
+            kwargs[field.name] = values[name]
+    return config(**kwargs)
 
 
 def flags_only(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ from spark_cnn.task import protocol
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.protocol import Kind
-from spark_cnn.task.run_options import DECODE_CHOICES, DECODE_PLACES, RunOptions
+from spark_cnn.task.run_options import DECODE_PLACES, RunOptions
 from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
@@ -134,19 +134,17 @@ class Connection:
         frame = protocol.recv_frame(self.sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
         if frame.kind != Kind.HELLO:
             raise SidecarError(f"expected HELLO first, got {frame.kind.name}")
-        hello = frame.json()
-        if not secrets.compare_digest(str(hello.get("token", "")).encode(), self.server.token.encode()):
+        data = frame.json()
+        token = str(data.get("token", "")) if isinstance(data, dict) else ""
+        if not secrets.compare_digest(token.encode(), self.server.token.encode()):  # before anything else is read
             log.warning("refused a client with a wrong token (%s); neither token is logged", _peer(self.sock))
             raise SidecarError("refused: wrong sidecar token")
-        job = str(hello.get("job", ""))
-        decode = hello.get("decode") or "task"
-        if decode not in DECODE_CHOICES:
-            raise ConfigError(f"--decode {decode}: expected one of {', '.join(DECODE_CHOICES)}")
+        hello = protocol.Hello.from_json(data)
+        job, decode = hello.job, hello.decode
         if decode == "gpu" and self.server.device.type != "cuda":
             raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
-        self.decode_options = DecodeOptions.from_dict(hello.get("decode_options"))
-        service = self.server.service_for(Endpoint.from_json(hello["endpoint"]),
-                                          RunOptions.from_dict(hello.get("options")))
+        self.decode_options = hello.decode_options
+        service = self.server.service_for(hello.endpoint, hello.run_options)
         if decode == "auto":
             decode = self.server.auto_decode(service)
         self.server.job_started(job, service, decode)

@@ -19,7 +19,7 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
-from spark_cnn.spark.planning import check_model, plan_inference, read_labels  # noqa: F401 (read_labels: API)
+from spark_cnn.spark.planning import check_model, read_labels, start_inference  # noqa: F401 (read_labels: API)
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import HadoopFS, to_uri
 from spark_cnn.task.schema import EMBED_COLUMNS, output_schema, spark_ddl
@@ -39,8 +39,8 @@ def embed(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
     if config.partition_by is not None:
         raise ConfigError(f"--partition-by {config.partition_by}: embed writes path, embedding and error only; "
                           "partitioning applies to classify")
-    if not config.embeddings:
-        config = replace(config, embeddings=True)
+    if not config.inference.embeddings:
+        config = replace(config, inference=replace(config.inference, embeddings=True))
     return run_job(config, spark=spark, columns=EMBED_COLUMNS)
 
 
@@ -49,7 +49,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
     """Images in, one Parquet row per image out (all classify columns, or `columns`), summary beside it."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
     check_local_paths(input_uri, output_uri, config.overwrite)
-    options = config.inference_options
+    options = config.inference
     model = check_model(options)
     labels = model.labels
 
@@ -59,11 +59,10 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         source = open_source(spark, input_uri, config.inputs)
         _check_partition_column(config.partition_by, source)
 
-        plan = plan_inference(spark, options, model, encoding=source.encoding,
-                              carry=(TRUE_LABEL,) if source.has_labels else ())
+        plan = start_inference(spark, options, model, source=source)
         job_id = plan.job_id
         sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
-        schema = output_schema(logits=config.logits, embeddings=config.embeddings)
+        schema = output_schema(logits=options.logits, embeddings=options.embeddings)
         if source.has_labels:  # carried from the input, as the source reads it
             schema = schema.append(pa.field(TRUE_LABEL, pa.string()))
         outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats, SPARK_TASK), spark_ddl(schema))
@@ -82,7 +81,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         publish(fs, staging, output_uri, overwrite=config.overwrite)
 
         summary = _summarise(spark, output_uri, labels, elapsed, config, list(sidecar_stats.value.values()))
-        summary.update(input=input_uri, output=output_uri, model=config.model.source,
+        summary.update(input=input_uri, output=output_uri, model=options.model.source,
                        app_id=spark.sparkContext.applicationId, job_id=job_id)
         text = json.dumps(summary, indent=2)
         fs.write_text(output_uri.rstrip("/") + "/" + SUMMARY_FILE, text)
@@ -120,7 +119,8 @@ def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, con
     return {
         "images": images, "ok": ok_rows, "errors": images - ok_rows,
         "elapsed_s": round(elapsed, 3), "images_per_s": round(images / elapsed, 2) if elapsed else None,
-        "batch_size": batch_sizes[-1] if batch_sizes else config.batch_size,  # after any out-of-memory back-off
+        # the sidecars' (after any out-of-memory back-off), else the one asked for (None: auto)
+        "batch_size": batch_sizes[-1] if batch_sizes else config.inference.batch_size,
         "accuracy": accuracy,
         "sidecars": sorted(sidecars, key=lambda s: (s["host"], str(s["executor"]))),
     }

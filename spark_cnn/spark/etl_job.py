@@ -22,21 +22,21 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_cnn.config import EtlConfig
+from spark_cnn.config import EtlConfig, InputOptions
 from spark_cnn.errors import ConfigError, InputError
+from spark_cnn.formats.encodings import ENCODED
 from spark_cnn.spark.accumulators import SidecarStatsParam
-from spark_cnn.spark.classify_job import SUMMARY_FILE, read_labels
+from spark_cnn.spark.classify_job import SUMMARY_FILE
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_paths, job_session, task_error
-from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA
+from spark_cnn.spark.planning import check_model, start_inference
+from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
-from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.schema import output_schema, spark_ddl
 from spark_cnn.task.stream import InferencePlan, PartitionInference
 
@@ -50,40 +50,25 @@ OFFSETS_LOG = "offsets"  # the query's log: which source entries each batch cove
 def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
     """One run: process every file not yet processed, then stop. Returns the run's summary (also written as JSON
     to OUTPUT/_summary.json and --summary)."""
-    from spark_cnn.models.resolve import resolve_endpoint  # torch: only the driver pays for it, and only here
-
     job = config.classify
+    options = job.inference
     input_uri, output_uri, checkpoint_uri = to_uri(job.input), to_uri(job.output), to_uri(config.checkpoint)
     input_path = local_path(input_uri)
     if input_path is not None and not os.path.isdir(input_path):
         raise InputError(f"input {input_path} is not a folder: the ETL job watches a folder for new images")
-    labels = read_labels(job.labels)
-    resolved = resolve_endpoint(job.model, top_k=job.top_k, logits=job.logits, embeddings=job.embeddings)
-    if labels is not None and len(labels) != resolved.num_classes:
-        raise ConfigError(f"--labels {job.labels} has {len(labels)} names but the model has "
-                          f"{resolved.num_classes} classes")
+    model = check_model(options)  # as the classify job: in a child process, before Spark starts
 
     with job_session(spark, master=job.master, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
         app_id = spark.sparkContext.applicationId
         fs = HadoopFS(spark)
         check_paths(fs, input_uri, None, True, input_name=job.input)
-        for path in resolved.endpoint.files:
-            spark.sparkContext.addFile(path)
-        job_id = uuid.uuid4().hex[:12]
-        plan = InferencePlan(
-            endpoint=resolved.endpoint,
-            launch=LaunchOptions(app_id=app_id, device=job.device, idle_timeout_s=job.idle_timeout_s,
-                                 threads=job.threads),
-            job_id=job_id, options=job.run_options.to_dict(), decode=job.decode, on_error=job.on_error,
-            label_names=labels, request_rows=job.request_rows, max_in_flight=job.max_in_flight)
+        source = new_images(spark, input_uri, job.inputs, config.max_files_per_trigger)
+        plan = start_inference(spark, options, model, source=source)
         stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
         writer = MicroBatchWriter(spark, fs, plan, stats, output_uri, checkpoint_uri)
 
         started = time.perf_counter()
-        new_files = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA)
-                     .option("recursiveFileLookup", "true")
-                     .option("maxFilesPerTrigger", config.max_files_per_trigger).load(input_uri))
-        query = (new_files.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint_uri)
+        query = (source.frame.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint_uri)
                  .trigger(availableNow=True).start())
         try:
             query.awaitTermination()
@@ -91,15 +76,25 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
             raise task_error(e) from e
         elapsed = time.perf_counter() - started
 
-        summary = run_summary(writer.batches, elapsed, job.batch_size, list(stats.value.values()))
-        summary.update(input=input_uri, output=output_uri, checkpoint=checkpoint_uri, model=job.model.source,
-                       app_id=app_id, job_id=job_id)
+        summary = run_summary(writer.batches, elapsed, options.batch_size, list(stats.value.values()))
+        summary.update(input=input_uri, output=output_uri, checkpoint=checkpoint_uri, model=options.model.source,
+                       app_id=app_id, job_id=plan.job_id)
         text = json.dumps(summary, indent=2)
         if writer.batches:  # a run with nothing new leaves the last run's summary in place
             fs.write_text(output_uri.rstrip("/") + "/" + SUMMARY_FILE, text)
         if job.summary:
             fs.write_text(to_uri(job.summary), text)
         return summary
+
+
+def new_images(spark: SparkSession, input_uri: str, inputs: InputOptions, max_files_per_trigger: int) -> ImageSource:
+    """The stream of image files under `input_uri` not yet taken by the checkpoint's query, as (path, content,
+    ...) rows: binaryFile, recursive, names matching `inputs.glob` (EtlConfig admits image-file inputs only)."""
+    reader = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA).option("recursiveFileLookup", "true")
+              .option("maxFilesPerTrigger", max_files_per_trigger))
+    if inputs.glob:
+        reader = reader.option("pathGlobFilter", inputs.glob)
+    return ImageSource(reader.load(input_uri), format="images", encoding=ENCODED)
 
 
 class MicroBatchWriter:

@@ -7,7 +7,7 @@ collect); the model is checked on the driver when the function is called.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -19,7 +19,7 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.image_struct import is_image_struct
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.executor import SPARK_TASK
-from spark_cnn.spark.planning import check_model, plan_inference
+from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.task.schema import EMBED_COLUMNS, output_schema, spark_ddl
 from spark_cnn.task.stream import INPUT_COLUMNS, PartitionInference
 
@@ -50,10 +50,7 @@ def inference_options(model: str | ModelSpec, *, weights: str | None = None,
 
 
 def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str | None = None, path: str = "path",
-             weights: str | None = None, labels: str | Sequence[str] | None = None, top_k: int | None = None,
-             logits: bool = False, embeddings: bool = False, layer: str | None = None,
-             preprocessing: Mapping[str, Any] | None = None, batch_size: int | str = "auto", device: str = "auto",
-             on_error: str = "record", **options) -> DataFrame:
+             **options) -> DataFrame:
     """Classify the images of `df`; returns a lazy DataFrame with one row per input row.
 
     `content` names a column of image file bytes (as `spark.read.format("binaryFile")` gives) or of Spark
@@ -61,26 +58,25 @@ def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str
     column. `path` names a string column that names each row (for
     an image struct without one, its `origin`). Output columns are the classify job's: `path, label,
     label_name, score, topk, error` (+ `logits`, `embedding` when asked). A bad image is a row with `error`
-    set (or a failed job with `on_error="fail"`). Further keywords (precision, channels_last, compile, decode,
-    threads, ...) are InferenceOptions fields. The model is loaded once on the driver now, so a bad model,
-    weights file or label file raises here (ModelError, ConfigError, InputError), before any Spark work.
+    set (or a failed job with `on_error="fail"`). The other keywords are `inference_options`': `weights`,
+    `preprocessing`, `batch_size` ("auto" or N), and any InferenceOptions field (labels, top_k, logits,
+    embeddings, layer, device, precision, channels_last, compile, decode, threads, on_error, ...). The model is
+    loaded once on the driver now, so a bad model, weights file or label file raises here (ModelError,
+    ConfigError, InputError), before any Spark work.
 
     >>> import spark_cnn                                                          # doctest: +SKIP
     >>> spark = spark_cnn.spark_session(master="local[2]")                        # doctest: +SKIP
     >>> images = spark.read.format("binaryFile").load("photos/")                  # doctest: +SKIP
     >>> spark_cnn.classify(images, model="resnet50", weights="resnet50.pth").show()  # doctest: +SKIP
     """
-    opts = inference_options(model, weights=weights, preprocessing=preprocessing, batch_size=batch_size,
-                             labels=labels, top_k=top_k, logits=logits, embeddings=embeddings, layer=layer,
-                             device=device, on_error=on_error, **options)
+    opts = inference_options(model, **options)
     inputs = _image_rows(df, content, path)
-    checked = check_model(opts)
-    plan = plan_inference(_session_of(df), opts, checked)
-    ddl = spark_ddl(output_schema(logits=logits, embeddings=embeddings))
+    plan = start_inference(_session_of(df), opts, check_model(opts))
+    ddl = spark_ddl(output_schema(logits=opts.logits, embeddings=opts.embeddings))
     return inputs.mapInArrow(PartitionInference(plan, environment=SPARK_TASK), ddl)
 
 
-def embed(df: DataFrame, *, model: str | ModelSpec = "resnet50", layer: str | None = None, **options) -> DataFrame:
+def embed(df: DataFrame, *, model: str | ModelSpec = "resnet50", **options) -> DataFrame:
     """Embed the images of `df`: a lazy DataFrame of `path, embedding (array<float>), error`.
 
     The embedding is the input of the model's last Linear layer (the penultimate features), or with `layer`
@@ -91,7 +87,7 @@ def embed(df: DataFrame, *, model: str | ModelSpec = "resnet50", layer: str | No
     >>> vectors.write.parquet("vectors.parquet")                                  # doctest: +SKIP
     """
     options.pop("embeddings", None)
-    return classify(df, model=model, layer=layer, embeddings=True, **options).select(*EMBED_COLUMNS)
+    return classify(df, model=model, embeddings=True, **options).select(*EMBED_COLUMNS)
 
 
 def _session_of(df: DataFrame) -> SparkSession:

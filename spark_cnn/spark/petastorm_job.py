@@ -22,7 +22,8 @@ from spark_cnn.errors import ImageError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
-from spark_cnn.spark.sources import TRUE_LABEL, open_source
+from spark_cnn.spark.planning import ReadPlan, plan_reading
+from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import HadoopFS, to_uri
 from spark_cnn.task.files import read_listed_file
 
@@ -32,9 +33,10 @@ MIB = 1 << 20
 class PetastormEncoder:
     """mapInArrow function: (path, content[, height, width, channels][, true_label]) -> Unischema columns."""
 
-    def __init__(self, encoding: str, codec: str, *, jpeg_quality: int, with_label: bool, on_error: str):
-        self.encoding, self.codec, self.jpeg_quality = encoding, codec, jpeg_quality
-        self.with_label, self.on_error = with_label, on_error
+    def __init__(self, reading: ReadPlan, codec: str, *, jpeg_quality: int):
+        self.encoding, self.codec, self.jpeg_quality = reading.encoding, codec, jpeg_quality
+        self.with_label, self.on_error = TRUE_LABEL in reading.carry, reading.on_error
+        self.decode_options = reading.decode_options
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         schema = petastorm.arrow_schema(petastorm.image_unischema(self.codec, with_label=self.with_label))
@@ -46,7 +48,8 @@ class PetastormEncoder:
             images, errors = [], []
             for i, path in enumerate(paths):
                 try:
-                    data = read_listed_file(path) if self.encoding == LOCAL_FILES else contents[i].as_py()
+                    data = (read_listed_file(path, self.decode_options) if self.encoding == LOCAL_FILES
+                            else contents[i].as_py())
                     rgb = self._rgb(data, [column[i] for column in geometry] if geometry else [])
                     images.append(petastorm.encode_image(rgb, self.codec, jpeg_quality=self.jpeg_quality))
                     errors.append(None)
@@ -72,8 +75,14 @@ class PetastormEncoder:
             import numpy as np
 
             from spark_cnn.imaging.preprocess import decode_rgb
-            return np.asarray(decode_rgb(data), dtype=np.uint8)
+            return np.asarray(decode_rgb(data, self.decode_options), dtype=np.uint8)
         return decoded_rgb(self.encoding, data, *geometry)
+
+
+def petastorm_encoder(config: PetastormConfig, source: ImageSource | None) -> PetastormEncoder:
+    """The tasks' encoder for `config`, reading `source` as inference would (planning.plan_reading)."""
+    reading = plan_reading(source, decode_options=config.decode_options, on_error=config.on_error)
+    return PetastormEncoder(reading, config.codec, jpeg_quality=config.jpeg_quality)
 
 
 def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) -> dict:
@@ -86,8 +95,7 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
         source = open_source(spark, input_uri, config.inputs)
         schema = petastorm.image_unischema(config.codec, with_label=source.has_labels,
                                            jpeg_quality=config.jpeg_quality)
-        encoder = PetastormEncoder(source.encoding, config.codec, jpeg_quality=config.jpeg_quality,
-                                   with_label=source.has_labels, on_error=config.on_error)
+        encoder = petastorm_encoder(config, source)
         ddl = ", ".join(f"{f.name} {'string' if f.type == pa.string() else 'binary'}"
                         for f in petastorm.arrow_schema(schema))
         staging = staging_uri(output_uri, uuid.uuid4().hex[:12])

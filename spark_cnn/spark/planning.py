@@ -1,8 +1,10 @@
 """Driver-side set-up of inference, shared by the jobs, the DataFrame functions and the pandas UDF.
 
-`check_model` loads the model once on the driver (before any Spark work, so a bad model, weights file, label
-file or layer name is one clear error, not a failed task); `plan_inference` ships the model's files to the
-executors and fixes everything the tasks need in an `InferencePlan`.
+`check_model` loads the model once, in a child process of the driver (before any Spark work, so a bad model,
+weights file, label file or layer name is one clear error, not a failed task); `plan_inference` fixes everything
+the tasks need in an `InferencePlan`, purely from the options, the checked model and the opened input;
+`start_inference` ships the model's files to the executors and plans. `plan_reading` is the input side alone,
+which to-petastorm (no model) shares.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pyspark.sql import SparkSession
 from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats.encodings import ENCODED
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.spark.sources import TRUE_LABEL, ImageSource
 from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.stream import InferencePlan
 
@@ -62,19 +66,54 @@ def check_model(options: InferenceOptions) -> CheckedModel:
     return CheckedModel(resolved, labels)
 
 
-def plan_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel, *,
-                   encoding: str = ENCODED, carry: tuple[str, ...] = ()) -> InferencePlan:
-    """Ship the model's files to the executors and fix the tasks' plan (a fresh job id each call). `encoding`:
-    how the input column holds images (formats.pixels); `carry`: input columns copied to the output."""
+@dataclass(frozen=True)
+class ReadPlan:
+    """How tasks read the rows of one input: how its column holds images (formats.pixels), the input columns
+    copied to the output, the decode guard rails and what a bad image does. Inference and to-petastorm share it."""
+
+    encoding: str = ENCODED
+    carry: tuple[str, ...] = ()
+    decode_options: DecodeOptions = DEFAULT_DECODE
+    on_error: str = "record"
+
+
+def plan_reading(source: ImageSource | None, *, decode_options: DecodeOptions = DEFAULT_DECODE,
+                 on_error: str = "record") -> ReadPlan:
+    """The ReadPlan of an opened input (`source`), or of a DataFrame of image bytes or structs (None)."""
+    if source is None:
+        return ReadPlan(decode_options=decode_options, on_error=on_error)
+    return ReadPlan(encoding=source.encoding, carry=(TRUE_LABEL,) if source.has_labels else (),
+                    decode_options=decode_options, on_error=on_error)
+
+
+def plan_inference(options: InferenceOptions, model: CheckedModel, *, app_id: str,
+                   source: ImageSource | None = None, job_id: str | None = None) -> InferencePlan:
+    """What every task of one inference needs, from the options and the checked model: pure (no Spark calls).
+
+    Every inference surface (the classify, embed and etl jobs, `classify(df)`, `embed(df)`, `cnn_udf`) plans
+    here, so an InferenceOptions field reaches each of them the same way. `source`: the opened input (None: a
+    DataFrame's image column); `job_id`: a fresh one when None."""
+    reading = plan_reading(source, decode_options=options.decode_options, on_error=options.on_error)
+    return InferencePlan(
+        endpoint=model.endpoint,
+        launch=LaunchOptions(app_id=app_id, device=options.device, idle_timeout_s=options.idle_timeout_s,
+                             threads=options.threads),
+        job_id=job_id or uuid.uuid4().hex[:12], run_options=options.run_options, decode=options.decode,
+        on_error=reading.on_error, label_names=model.labels, request_rows=options.request_rows,
+        max_in_flight=options.max_in_flight, decode_options=reading.decode_options,
+        request_timeout_s=options.request_timeout_s, encoding=reading.encoding, carry=reading.carry)
+
+
+def start_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel, *,
+                    source: ImageSource | None = None) -> InferencePlan:
+    """Ship the model's files to the executors of `spark` and plan the tasks (plan_inference; a fresh job id)."""
+    ship_model_files(spark, model)
+    return plan_inference(options, model, app_id=spark.sparkContext.applicationId, source=source)
+
+
+def ship_model_files(spark: SparkSession, model: CheckedModel) -> None:
+    """addFile each file of the model (executors find their copy with SparkFiles.get(name)), once per session."""
     shipped = {urlparse(uri).path for uri in spark.sparkContext.listFiles}
     for path in model.endpoint.files:
         if os.path.abspath(path) not in shipped:  # Spark warns on a second addFile of a path, and ignores it
-            spark.sparkContext.addFile(path)  # executors find their copy with SparkFiles.get(name)
-    return InferencePlan(
-        endpoint=model.endpoint,
-        launch=LaunchOptions(app_id=spark.sparkContext.applicationId, device=options.device,
-                             idle_timeout_s=options.idle_timeout_s, threads=options.threads),
-        job_id=uuid.uuid4().hex[:12], options=options.run_options.to_dict(), decode=options.decode,
-        on_error=options.on_error, label_names=model.labels, request_rows=options.request_rows,
-        max_in_flight=options.max_in_flight, decode_options=options.decode_options.to_dict(),
-        request_timeout_s=options.request_timeout_s, encoding=encoding, carry=carry)
+            spark.sparkContext.addFile(path)

@@ -7,8 +7,7 @@ its sidecar (never one model per Python worker) and the sidecar's batching and t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.frames import inference_options
-from spark_cnn.spark.planning import check_model, plan_inference
+from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.task.schema import NAMED_TOPK_ITEM, UDF_OUTPUTS, class_names, spark_type, udf_output_type
 from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
 
@@ -55,10 +54,8 @@ class CnnUdf:
         return f"cnn_udf({self.plan.endpoint.source!r}, output={self.output!r}) -> {self.return_type}"
 
 
-def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", weights: str | None = None,
-            labels: str | Sequence[str] | None = None, top_k: int | None = None, layer: str | None = None,
-            preprocessing: Mapping[str, Any] | None = None, batch_size: int | str = "auto", device: str = "auto",
-            on_error: str = "record", spark: SparkSession | None = None, **options) -> CnnUdf:
+def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark: SparkSession | None = None,
+            **options) -> CnnUdf:
     """A pandas UDF running `model` on a column of image file bytes or Spark `image` structs.
 
     `output` picks the result, a struct per row with `error` (null when the image was fine):
@@ -72,8 +69,9 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", weight
     `label_name` is null without `labels` (a file of class names, one per line, or a list of names). A bad
     image gives a row with `error` set, unless `on_error="fail"`. The model is loaded and checked on the
     driver now (ModelError / ConfigError here, not in a task); its files are shipped to the executors of
-    `spark` (default: the active session). Further keywords (precision, channels_last, compile, decode,
-    threads, ...) are InferenceOptions fields.
+    `spark` (default: the active session). The other keywords are those of `spark_cnn.classify(df)`
+    (weights, preprocessing, batch_size, labels, top_k, layer, device, precision, ...), but `output` says
+    which heads run.
 
     >>> from spark_cnn import cnn_udf, spark_session                             # doctest: +SKIP
     >>> spark = spark_session(master="local[2]")                                 # doctest: +SKIP
@@ -83,17 +81,17 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", weight
     """
     if output not in OUTPUT_TYPES:
         raise ConfigError(f"output={output!r}: expected one of {', '.join(OUTPUT_TYPES)}")
-    if layer is not None and output != "embedding":
-        raise ConfigError(f"layer={layer!r} picks the embedding layer; use it with output='embedding'")
+    heads = sorted({"logits", "embeddings"} & set(options))
+    if heads:
+        raise ConfigError(f"{', '.join(heads)}: cnn_udf runs the heads `output` asks for; use output='logits' or "
+                          "output='embedding'")
+    if options.get("layer") is not None and output != "embedding":
+        raise ConfigError(f"layer={options['layer']!r} picks the embedding layer; use it with output='embedding'")
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConfigError("cnn_udf needs a SparkSession: create one first (spark_cnn.spark_session()) or pass spark=")
-    opts = inference_options(model, weights=weights, preprocessing=preprocessing, batch_size=batch_size,
-                             labels=labels, top_k=top_k, logits=output == "logits",
-                             embeddings=output == "embedding", layer=layer, device=device, on_error=on_error,
-                             **options)
-    checked = check_model(opts)
-    plan = plan_inference(spark, opts, checked)
+    opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding", **options)
+    plan = start_inference(spark, opts, check_model(opts))
     return CnnUdf(plan, output, spark.sparkContext.accumulator({}, SidecarStatsParam()))
 
 

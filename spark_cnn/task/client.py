@@ -13,28 +13,36 @@ import numpy as np
 import pyarrow as pa
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
 from spark_cnn.task.protocol import Kind
+from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
 
 # A reply slower than this means the sidecar hangs; the task fails and Spark retries it. A request waits behind
 # at most the queue bound (8 device batches) and the other tasks' requests: seconds on a GPU, about a minute
 # for a large model on a slow CPU; the handshake loads the model (seconds; torch.compile happens later, at the
 # first batch). Five minutes leaves room and still ends a stuck task.
 REPLY_TIMEOUT_S = 300.0
+# Rows per request a task sends: large enough to amortise a message (~0.1 ms), small enough that the
+# batcher can fill device batches from several tasks at once.
+DEFAULT_REQUEST_ROWS = 16
 # Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
 DEFAULT_MAX_IN_FLIGHT = 4
 
 
 class SidecarClient:
-    """One connection to a sidecar, bound to one endpoint (model + heads), one job id, run options (a dict of
-    `runner.RunOptions` fields; `batch_size` None is the sidecar's choice) and where images are decoded
-    (`task`: requests carry pixels; `sidecar` or `gpu`: requests carry files, decoded under `decode_options`,
-    imaging.DecodeOptions fields: the guard rails)."""
+    """One connection to a sidecar, bound to one endpoint (model + heads), one job id, how the model runs
+    (`run_options`; `batch_size` None is the sidecar's choice) and where images are decoded (`task`: requests
+    carry pixels; `sidecar` or `gpu`: requests carry files, decoded under `decode_options`, the guard rails;
+    `auto`: the sidecar picks). All of it goes in the HELLO (protocol.Hello)."""
 
     def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
-                 batch_size: int | None = None, options: dict | None = None, decode: str = "task",
-                 timeout_s: float = REPLY_TIMEOUT_S, decode_options: dict | None = None, pid: int | None = None):
+                 run_options: RunOptions = DEFAULT_RUN, decode: str = "task",
+                 decode_options: DecodeOptions = DEFAULT_DECODE, timeout_s: float = REPLY_TIMEOUT_S,
+                 pid: int | None = None):
+        hello = protocol.Hello(token, endpoint, job, decode=decode, run_options=run_options,
+                               decode_options=decode_options)
         self.socket_path = socket_path
         self.pid = pid  # the sidecar's: from its info file if given, else from its READY; errors name it
         self._ids = itertools.count(1)
@@ -42,10 +50,7 @@ class SidecarClient:
         self._sock.settimeout(timeout_s)
         try:
             self._sock.connect(socket_path)
-            protocol.send_json(self._sock, Kind.HELLO, next(self._ids),
-                               {"token": token, "endpoint": endpoint.to_json(), "job": job, "decode": decode,
-                                "decode_options": decode_options or {},
-                                "options": {**(options or {}), **({"batch_size": batch_size} if batch_size else {})}})
+            protocol.send_json(self._sock, Kind.HELLO, next(self._ids), hello.to_json())
             reply = self._recv()
         except (OSError, SidecarError) as e:
             self._sock.close()

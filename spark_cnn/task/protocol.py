@@ -17,11 +17,14 @@ from enum import IntEnum
 import numpy as np
 import pyarrow as pa
 
-from spark_cnn.errors import SidecarError
+from spark_cnn.errors import ConfigError, SidecarError
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.models.spec import Endpoint
+from spark_cnn.task.run_options import DECODE_CHOICES, DEFAULT_RUN, RunOptions
 
 
 class Kind(IntEnum):
-    HELLO = 1        # client -> sidecar, JSON: {"token", "endpoint", "job", "batch_size" (null: auto)}
+    HELLO = 1        # client -> sidecar, JSON: Hello.to_json() (token, endpoint, job, decode, run/decode options)
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode)}
     INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row) or "encoded" (file bytes)
     RESULT = 4       # sidecar -> client, Arrow: one row per request row, same order (schema.reply_schema)
@@ -49,6 +52,39 @@ class Frame:
 
     def json(self) -> dict:
         return json.loads(bytes(self.payload).decode("utf-8"))
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The first message of a connection: the client's token, the model it wants (endpoint), its job id, where
+    its images are decoded (`task`: requests carry pixels; `sidecar`/`gpu`: files; `auto`: the sidecar picks),
+    how the model runs and the guard rails for the files it decodes. The one place these options cross the wire:
+    `to_json` in the client, `from_json` in the sidecar."""
+
+    token: str
+    endpoint: Endpoint
+    job: str
+    decode: str = "task"
+    run_options: RunOptions = DEFAULT_RUN
+    decode_options: DecodeOptions = DEFAULT_DECODE
+
+    def __post_init__(self) -> None:
+        if self.decode not in DECODE_CHOICES:
+            raise ConfigError(f"--decode {self.decode}: expected one of {', '.join(DECODE_CHOICES)}")
+
+    def to_json(self) -> dict:
+        return {"token": self.token, "endpoint": self.endpoint.to_json(), "job": self.job, "decode": self.decode,
+                "options": self.run_options.to_dict(), "decode_options": self.decode_options.to_dict()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Hello:
+        """A HELLO as the sidecar reads it; errors name the field that is wrong."""
+        if not isinstance(data, dict) or "endpoint" not in data:
+            raise SidecarError("HELLO without an endpoint: expected {token, endpoint, job, ...}")
+        return cls(token=str(data.get("token", "")), endpoint=Endpoint.from_json(data["endpoint"]),
+                   job=str(data.get("job", "")), decode=data.get("decode") or "task",
+                   run_options=RunOptions.from_dict(data.get("options")),
+                   decode_options=DecodeOptions.from_dict(data.get("decode_options")))
 
 
 class ConnectionClosed(SidecarError):

@@ -47,3 +47,6 @@ class RunOptions:
     def model_key(self) -> tuple:
         """The options that change the loaded model (batch size does not)."""
         return (self.precision, self.channels_last, self.compile)
+
+
+DEFAULT_RUN = RunOptions()

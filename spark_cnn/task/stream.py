@@ -20,14 +20,22 @@ from spark_cnn.errors import ImageError, SidecarError
 from spark_cnn.formats.encodings import ENCODED, FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.imaging.decode import check_file_size
 from spark_cnn.imaging.image_struct import preprocess_image_struct
-from spark_cnn.imaging.limits import DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.imaging.pixels import preprocess_rgb
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.task.client import REPLY_TIMEOUT_S, SidecarClient, map_ordered, sidecar_key
+from spark_cnn.task.client import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_REQUEST_ROWS,
+    REPLY_TIMEOUT_S,
+    SidecarClient,
+    map_ordered,
+    sidecar_key,
+)
 from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.files import read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
+from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
 from spark_cnn.task.schema import ERROR, class_names, failed_rows, output_schema, place_rows, reply_schema
 
 INPUT_COLUMNS = ("path", "content")
@@ -41,13 +49,13 @@ class InferencePlan:
     endpoint: Endpoint
     launch: LaunchOptions
     job_id: str
-    options: dict = field(default_factory=dict)  # runner.RunOptions fields: batch_size, precision, ...
+    run_options: RunOptions = DEFAULT_RUN  # how the sidecar runs the model (sent in the HELLO)
     decode: str = "auto"  # auto | task | sidecar | gpu (auto: the sidecar picks, see sidecar/placement.py)
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
-    decode_options: dict = field(default_factory=dict)  # imaging.DecodeOptions fields: the guard rails
-    request_rows: int = 16
-    max_in_flight: int = 4
+    decode_options: DecodeOptions = DEFAULT_DECODE  # the guard rails, here and in the sidecar (HELLO)
+    request_rows: int = DEFAULT_REQUEST_ROWS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs (see failover.py)
     encoding: str = ENCODED  # how input `content` holds images (formats.pixels); decoded pixels skip decoding
     carry: tuple[str, ...] = ()  # input columns copied to the output unchanged (e.g. true_label)
@@ -135,10 +143,15 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
     endpoint = plan.endpoint.localised(environment.shipped_file)
     launch = _with_task_device(plan.launch, environment.gpu_addresses())
 
+    agreed: list[str] = []  # where the first sidecar said images decode; a replacement is asked for the same
+
     def connect() -> SidecarClient:  # again after a sidecar died: ensure_sidecar then starts a new one
         info = ensure_sidecar(launch)
-        return SidecarClient(info.socket, info.token, endpoint, plan.job_id, options=plan.options, decode=decode,
-                             decode_options=plan.decode_options, timeout_s=plan.request_timeout_s, pid=info.pid)
+        client = SidecarClient(info.socket, info.token, endpoint, plan.job_id, run_options=plan.run_options,
+                               decode=agreed[0] if agreed else decode, decode_options=plan.decode_options,
+                               timeout_s=plan.request_timeout_s, pid=info.pid)
+        agreed[:] = [client.decode]
+        return client
 
     with FailoverClient(connect) as client:
         if pixels_given and client.decode != "task":
@@ -178,7 +191,7 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
     decoded pixels), or the files themselves. Rows that fail here join the state, in the reply layout, before
     the end mark."""
     prep = plan.endpoint.preprocessing
-    decode_options = DecodeOptions.from_dict(plan.decode_options)
+    decode_options = plan.decode_options
     pixels_given = plan.encoding not in FILE_ENCODINGS  # decoded pixels (image source, NumPy) never go as files
     read_here = plan.encoding == LOCAL_FILES  # the source listed the files; their bytes are read here
     for paths, contents, *whole in inputs:

@@ -22,6 +22,7 @@ from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import ensure_sidecar
+from spark_cnn.task.run_options import RunOptions
 from tests.unit.test_sidecar_process import fake_app
 
 pytestmark = pytest.mark.e2e
@@ -30,6 +31,7 @@ CLIENTS = 16
 REQUESTS_PER_CLIENT = 2_000
 MAX_ROWS_PER_REQUEST = 3
 BATCH_SIZE = 64
+FIXED_BATCH = RunOptions(batch_size=BATCH_SIZE)  # the batch size each client asks for in its HELLO
 # The bound for the whole test, sidecar start included.
 LOAD_BOUND_S = 120.0
 # Growth of the sidecar's resident memory over the load, above its size after the first request. The design
@@ -65,7 +67,7 @@ def echoed(reply: pa.RecordBatch) -> np.ndarray:
 def run_client(info, endpoint, job: str, client: int, results: dict, start: threading.Barrier) -> None:
     sent: dict[int, int] = {}  # seq -> request id
     replies: dict[int, object] = {}
-    with SidecarClient(info.socket, info.token, endpoint, job, batch_size=BATCH_SIZE) as conn:
+    with SidecarClient(info.socket, info.token, endpoint, job, run_options=FIXED_BATCH) as conn:
         start.wait(timeout=60)
 
         def send_all() -> None:
@@ -88,7 +90,7 @@ def test_16_clients_x_2000_requests_every_result_matches_memory_bounded_no_deadl
     job = "load"
     with fake_app("load") as app:
         info = ensure_sidecar(app.options(), app.executor)
-        with SidecarClient(info.socket, info.token, endpoint, job, batch_size=BATCH_SIZE) as warm:
+        with SidecarClient(info.socket, info.token, endpoint, job, run_options=FIXED_BATCH) as warm:
             list(map_ordered(warm, [(0, request_pixels(0, 0))]))  # model loaded, service threads running
         baseline = rss_mb(info.pid)
         peak = [baseline]
@@ -145,14 +147,14 @@ def test_a_client_that_never_reads_replies_is_held_back_and_others_are_still_ser
     endpoint = resolve_endpoint(ModelSpec(SLOW_ECHO_FACTORY), logits=True).endpoint
     with fake_app("flood") as app:
         info = ensure_sidecar(app.options(), app.executor)
-        flooder = SidecarClient(info.socket, info.token, endpoint, "flood", batch_size=BATCH_SIZE, timeout_s=5.0)
+        flooder = SidecarClient(info.socket, info.token, endpoint, "flood", run_options=FIXED_BATCH, timeout_s=5.0)
         sent = 0
         try:
             with pytest.raises(SidecarHung):  # sendall blocked for 5 s: the sidecar stopped reading
                 for seq in range(REQUESTS_PER_CLIENT):
                     flooder.submit(request_pixels(0, seq))
                     sent += 1
-            with SidecarClient(info.socket, info.token, endpoint, "polite", batch_size=BATCH_SIZE) as polite:
+            with SidecarClient(info.socket, info.token, endpoint, "polite", run_options=FIXED_BATCH) as polite:
                 [(_, reply)] = list(map_ordered(polite, [(1, request_pixels(1, 5))]))
             rss = rss_mb(info.pid)
         finally:

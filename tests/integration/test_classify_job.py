@@ -14,7 +14,7 @@ import torchvision
 from PIL import Image
 from torchvision import transforms
 
-from spark_cnn.config import ClassifyConfig
+from spark_cnn.config import ClassifyConfig, InferenceOptions
 from spark_cnn.errors import ConfigError, ImageError, InputError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
@@ -56,8 +56,8 @@ def mixed_folder(tmp_path_factory) -> str:
 def test_torchvision_model_logits_match_torch_and_every_file_is_one_row(spark, mixed_folder, mobilenet_weights,
                                                                         tmp_path):
     output = str(tmp_path / "out")
-    summary = classify(ClassifyConfig(mixed_folder, output, ModelSpec("mobilenet_v3_small", mobilenet_weights),
-                                      logits=True, embeddings=True, top_k=3), spark=spark)
+    summary = classify(ClassifyConfig(mixed_folder, output, InferenceOptions(
+        ModelSpec("mobilenet_v3_small", mobilenet_weights), logits=True, embeddings=True, top_k=3)), spark=spark)
 
     rows = _read_output(output)
     assert set(rows) == _files_under(mixed_folder)
@@ -83,8 +83,8 @@ def test_torchvision_model_logits_match_torch_and_every_file_is_one_row(spark, m
 
 def test_demo_digits_model_matches_torch_and_reaches_accuracy(spark, demo_assets, tmp_path):
     output = str(tmp_path / "digits")
-    summary = classify(ClassifyConfig(demo_assets.images, output, ModelSpec(DIGITS_FACTORY, demo_assets.weights),
-                                      labels=demo_assets.labels, logits=True), spark=spark)
+    summary = classify(ClassifyConfig(demo_assets.images, output, InferenceOptions(
+        ModelSpec(DIGITS_FACTORY, demo_assets.weights), labels=demo_assets.labels, logits=True)), spark=spark)
 
     rows = _read_output(output)
     assert set(rows) == _files_under(demo_assets.images) and len(rows) == 1797
@@ -113,8 +113,9 @@ def test_demo_digits_model_matches_torch_and_reaches_accuracy(spark, demo_assets
 def test_fixed_batch_size_and_summary_file(spark, demo_assets, tmp_path):
     folder = write_files(str(tmp_path / "in"), {k: v for k, v in real_image_files().items() if "digits" in k})
     summary_path = str(tmp_path / "summary.json")
-    summary = classify(ClassifyConfig(folder, str(tmp_path / "out"), ModelSpec(DIGITS_FACTORY, demo_assets.weights),
-                                      labels=demo_assets.labels, batch_size=2, summary=summary_path), spark=spark)
+    summary = classify(ClassifyConfig(folder, str(tmp_path / "out"), InferenceOptions(
+        ModelSpec(DIGITS_FACTORY, demo_assets.weights), labels=demo_assets.labels, batch_size=2),
+        summary=summary_path), spark=spark)
     with open(summary_path) as f:
         written = json.load(f)
     assert written == summary
@@ -125,8 +126,8 @@ def test_fixed_batch_size_and_summary_file(spark, demo_assets, tmp_path):
 def test_on_error_fail_names_the_file_and_writes_nothing(spark, mixed_folder, demo_assets, tmp_path):
     output = tmp_path / "out"
     with pytest.raises(ImageError, match=r"broken/(truncated\.jpg|notes\.txt|empty\.png)"):
-        classify(ClassifyConfig(mixed_folder, str(output), ModelSpec(DIGITS_FACTORY, demo_assets.weights),
-                                on_error="fail"), spark=spark)
+        classify(ClassifyConfig(mixed_folder, str(output), InferenceOptions(
+            ModelSpec(DIGITS_FACTORY, demo_assets.weights), on_error="fail")), spark=spark)
     assert not output.exists()
     assert os.listdir(tmp_path) == [], "a staging directory was left behind"
 
@@ -154,7 +155,7 @@ def test_bad_configuration_stops_before_any_work(spark, case, demo_assets, mobil
             f.write("a\nb\nc\n")
     jobs_before = _jobs_run(spark)
     with pytest.raises(expected[0], match=expected[1]):
-        classify(ClassifyConfig(folder, str(output), spec, labels=labels), spark=spark)
+        classify(ClassifyConfig(folder, str(output), InferenceOptions(spec, labels=labels)), spark=spark)
     assert _jobs_run(spark) == jobs_before, "a Spark job ran before the configuration error"
     if case == "output exists":
         assert (output / "keep.txt").read_text() == "mine"
@@ -167,17 +168,17 @@ def test_overwrite_replaces_the_output(spark, demo_assets, tmp_path):
     output = tmp_path / "out"
     output.mkdir()
     (output / "stale.parquet").write_bytes(b"old")
-    classify(ClassifyConfig(folder, str(output), ModelSpec(DIGITS_FACTORY, demo_assets.weights), overwrite=True),
-             spark=spark)
+    classify(ClassifyConfig(folder, str(output), InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights)),
+                            overwrite=True), spark=spark)
     assert not (output / "stale.parquet").exists()
     assert len(_read_output(str(output))) == 3
 
 
 def test_sidecar_decoding_gives_the_same_rows_as_task_decoding(spark, mixed_folder, mobilenet_weights, tmp_path):
     spec = ModelSpec("mobilenet_v3_small", mobilenet_weights)
-    classify(ClassifyConfig(mixed_folder, str(tmp_path / "task"), spec, logits=True), spark=spark)
-    summary = classify(ClassifyConfig(mixed_folder, str(tmp_path / "sidecar"), spec, logits=True, decode="sidecar"),
-                       spark=spark)
+    classify(ClassifyConfig(mixed_folder, str(tmp_path / "task"), InferenceOptions(spec, logits=True)), spark=spark)
+    summary = classify(ClassifyConfig(mixed_folder, str(tmp_path / "sidecar"),
+                                      InferenceOptions(spec, logits=True, decode="sidecar")), spark=spark)
     by_task, by_sidecar = _read_output(str(tmp_path / "task")), _read_output(str(tmp_path / "sidecar"))
     assert set(by_task) == set(by_sidecar) == _files_under(mixed_folder)
     for path, row in by_task.items():

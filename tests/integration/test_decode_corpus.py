@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.config import ClassifyConfig
+from spark_cnn.config import ClassifyConfig, InferenceOptions
 from spark_cnn.errors import ImageError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
@@ -42,8 +42,8 @@ def corpus(tmp_path_factory) -> str:
 
 
 def _config(folder: str, output: str, **kwargs) -> ClassifyConfig:
-    return ClassifyConfig(folder, output, ModelSpec(DIGITS_FACTORY), max_pixels=CORPUS_MAX_PIXELS,
-                          max_file_bytes=CORPUS_MAX_FILE_BYTES, **kwargs)
+    return ClassifyConfig(folder, output, InferenceOptions(ModelSpec(DIGITS_FACTORY), max_pixels=CORPUS_MAX_PIXELS,
+                                                           max_file_bytes=CORPUS_MAX_FILE_BYTES, **kwargs))
 
 
 @pytest.mark.parametrize("decode", ["task", "sidecar"])

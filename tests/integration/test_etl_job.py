@@ -9,7 +9,7 @@ import shutil
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.config import ClassifyConfig, EtlConfig
+from spark_cnn.config import ClassifyConfig, EtlConfig, InferenceOptions
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.etl_job import STAGING, run_etl
@@ -42,8 +42,8 @@ def test_etl_takes_new_files_once_and_a_replayed_batch_replaces_itself(spark, de
     inputs += [os.path.join(source, rel) for rel in broken_files()]
 
     def run():
-        config = EtlConfig(ClassifyConfig(source, output, ModelSpec(DIGITS_FACTORY, demo_assets.weights),
-                                          labels=demo_assets.labels, quiet=True),
+        model = InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights), labels=demo_assets.labels)
+        config = EtlConfig(ClassifyConfig(source, output, model, quiet=True),
                            checkpoint=checkpoint, max_files_per_trigger=5)
         return run_etl(config, spark=spark)
 

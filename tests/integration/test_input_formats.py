@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from spark_cnn.config import ClassifyConfig, InputOptions
+from spark_cnn.config import ClassifyConfig, InferenceOptions, InputOptions
 from spark_cnn.errors import ConfigError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import LOCAL_FILES
@@ -66,8 +66,8 @@ def _rows(output: str, key=lambda path: path) -> dict[str, dict]:
 
 def _classify(spark, demo_assets, source: str, output: str, **options):
     inputs = InputOptions(**{k: options.pop(k) for k in list(options) if k in InputOptions.__dataclass_fields__})
-    return classify(ClassifyConfig(source, output, ModelSpec(DIGITS_FACTORY, demo_assets.weights), logits=True,
-                                   inputs=inputs, **options), spark=spark)
+    model = InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights), logits=True)
+    return classify(ClassifyConfig(source, output, model, inputs=inputs, **options), spark=spark)
 
 
 def _assert_same_outputs(rows: dict[str, dict], reference: dict[str, dict]) -> None:

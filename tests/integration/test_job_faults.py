@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from spark_cnn.config import ClassifyConfig
+from spark_cnn.config import ClassifyConfig, InferenceOptions
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import SUMMARY_FILE, classify
@@ -50,13 +50,14 @@ def test_sigkill_of_the_sidecar_mid_job_gives_the_clean_runs_output(spark, demo_
                                                                     many_partitions):
     spec = ModelSpec(DIGITS_FACTORY, demo_assets.weights)
     clean_output, fault_output = str(tmp_path / "clean"), str(tmp_path / "fault")
-    clean = classify(ClassifyConfig(digits, clean_output, spec, logits=True), spark=spark)
+    clean = classify(ClassifyConfig(digits, clean_output, InferenceOptions(spec, logits=True)), spark=spark)
     app_id = spark.sparkContext.applicationId
     outcome: dict = {}
 
     def run_job() -> None:
         try:
-            outcome["summary"] = classify(ClassifyConfig(digits, fault_output, spec, logits=True), spark=spark)
+            outcome["summary"] = classify(ClassifyConfig(digits, fault_output, InferenceOptions(spec, logits=True)),
+                                          spark=spark)
         except BaseException as e:  # reported by the main thread
             outcome["error"] = e
 
@@ -91,8 +92,8 @@ def test_sigkill_of_the_sidecar_mid_job_gives_the_clean_runs_output(spark, demo_
 def test_the_sidecar_token_is_in_neither_its_log_nor_the_job_summary(spark, demo_assets, digits, tmp_path):
     output = str(tmp_path / "out")
     summary_file = str(tmp_path / "summary.json")
-    classify(ClassifyConfig(digits, output, ModelSpec(DIGITS_FACTORY, demo_assets.weights), summary=summary_file),
-             spark=spark)
+    classify(ClassifyConfig(digits, output, InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights)),
+                            summary=summary_file), spark=spark)
     sidecars = find_sidecars(spark.sparkContext.applicationId)
     assert sidecars, "the session's sidecar should still run (it is stopped when the session ends)"
 

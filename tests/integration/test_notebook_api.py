@@ -15,7 +15,7 @@ from PIL import Image
 from torchvision import transforms
 
 import spark_cnn
-from spark_cnn.config import ClassifyConfig
+from spark_cnn.config import ClassifyConfig, InferenceOptions
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import ModelSpec
@@ -148,8 +148,8 @@ def test_bad_model_fails_when_the_udf_is_created_not_in_a_task(spark, demo_asset
 def test_embed_job_with_layer_writes_path_embedding_error(spark, mixed_folder, mobilenet_weights, mobilenet,
                                                           tmp_path):
     output = str(tmp_path / "vectors")
-    summary = embed_job(ClassifyConfig(mixed_folder, output, ModelSpec("mobilenet_v3_small", mobilenet_weights),
-                                       embeddings=True, layer="features.12"), spark=spark)
+    summary = embed_job(ClassifyConfig(mixed_folder, output, InferenceOptions(
+        ModelSpec("mobilenet_v3_small", mobilenet_weights), embeddings=True, layer="features.12")), spark=spark)
     table = pq.read_table(output)
     assert table.column_names == ["path", "embedding", "error"]
     rows = {_local(r["path"]): r for r in table.to_pylist()}

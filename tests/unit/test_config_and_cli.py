@@ -8,7 +8,7 @@ import pytest
 
 from spark_cnn.cli import build_parser
 from spark_cnn.cli.classify import classify_config
-from spark_cnn.config import DEFAULT_REQUEST_ROWS, ClassifyConfig, parse_batch_size
+from spark_cnn.config import DEFAULT_REQUEST_ROWS, ClassifyConfig, InferenceOptions, parse_batch_size
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
 from spark_cnn.imaging.preprocess import Preprocessing
@@ -19,7 +19,10 @@ from spark_cnn.task.client import sidecar_key
 
 
 def _config(**changes) -> ClassifyConfig:
-    return ClassifyConfig(**{"input": "in", "output": "out", "model": ModelSpec("resnet18"), **changes})
+    """A valid ClassifyConfig with `changes`: paths at the top, the rest InferenceOptions fields."""
+    paths = {k: changes.pop(k) for k in ("input", "output") if k in changes}
+    return ClassifyConfig(**{"input": "in", "output": "out", **paths},
+                          inference=InferenceOptions(ModelSpec("resnet18"), **changes))
 
 
 def _parse(*flags: str) -> ClassifyConfig:
@@ -29,14 +32,14 @@ def _parse(*flags: str) -> ClassifyConfig:
 # --- ClassifyConfig -------------------------------------------------------------------------------------------
 
 def test_defaults_are_valid():
-    config = _config()
-    assert (config.device, config.on_error, config.batch_size, config.top_k) == ("auto", "record", None, None)
-    assert config.request_rows == DEFAULT_REQUEST_ROWS
+    options = _config().inference
+    assert (options.device, options.on_error, options.batch_size, options.top_k) == ("auto", "record", None, None)
+    assert options.request_rows == DEFAULT_REQUEST_ROWS
 
 
 @pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
 def test_valid_devices(device):
-    assert _config(device=device).device == device
+    assert _config(device=device).inference.device == device
 
 
 @pytest.mark.parametrize("changes, flag", [
@@ -66,7 +69,9 @@ def test_invalid_config_names_the_flag(changes, flag):
 def test_config_is_frozen():
     config = _config()
     with pytest.raises(AttributeError):
-        config.device = "cpu"
+        config.quiet = True
+    with pytest.raises(AttributeError):
+        config.inference.device = "cpu"
 
 
 @pytest.mark.parametrize("text, value", [("auto", None), ("1", 1), ("256", 256), ("0", 0)])
@@ -84,14 +89,15 @@ def test_parse_batch_size_refuses_non_integers(text):
 
 def test_cli_defaults():
     config = _parse()
+    options = config.inference
     assert (config.input, config.output) == ("imgs/", "out.parquet")
-    assert config.model == ModelSpec("resnet50")
-    assert config.model.preprocessing is None  # the model's own, decided when it is resolved
-    assert config.batch_size is None
-    assert (config.device, config.on_error) == ("auto", "record")
-    assert not (config.logits or config.embeddings or config.overwrite or config.quiet)
-    assert config.decode_options == DecodeOptions()  # the documented guard-rail defaults
-    assert (config.max_pixels, config.max_file_bytes) == (DEFAULT_MAX_PIXELS, DEFAULT_MAX_FILE_BYTES)
+    assert options.model == ModelSpec("resnet50")
+    assert options.model.preprocessing is None  # the model's own, decided when it is resolved
+    assert options.batch_size is None
+    assert (options.device, options.on_error) == ("auto", "record")
+    assert not (options.logits or options.embeddings or config.overwrite or config.quiet)
+    assert options.decode_options == DecodeOptions()  # the documented guard-rail defaults
+    assert (options.max_pixels, options.max_file_bytes) == (DEFAULT_MAX_PIXELS, DEFAULT_MAX_FILE_BYTES)
 
 
 def test_cli_maps_every_flag(tmp_path):
@@ -101,21 +107,22 @@ def test_cli_maps_every_flag(tmp_path):
                     "--top-k", "3", "--master", "local[2]", "--batch-size", "64", "--device", "cuda:1",
                     "--on-error", "fail", "--logits", "--embeddings", "--summary", "s.json", "--overwrite",
                     "--quiet", "--max-pixels", "1000000", "--max-file-bytes", "2048")
-    assert config.model == ModelSpec("mobilenet_v3_small", weights=str(weights))
-    assert (config.labels, config.top_k, config.master, config.batch_size) == ("labels.txt", 3, "local[2]", 64)
-    assert (config.device, config.on_error, config.summary) == ("cuda:1", "fail", "s.json")
-    assert config.logits and config.embeddings and config.overwrite and config.quiet
-    assert config.decode_options == DecodeOptions(max_pixels=1_000_000, max_file_bytes=2048)
+    options = config.inference
+    assert options.model == ModelSpec("mobilenet_v3_small", weights=str(weights))
+    assert (options.labels, options.top_k, config.master, options.batch_size) == ("labels.txt", 3, "local[2]", 64)
+    assert (options.device, options.on_error, config.summary) == ("cuda:1", "fail", "s.json")
+    assert options.logits and options.embeddings and config.overwrite and config.quiet
+    assert options.decode_options == DecodeOptions(max_pixels=1_000_000, max_file_bytes=2048)
 
 
 def test_cli_preprocessing_flags_are_overrides_only():
-    assert _parse().model.preprocessing is None
-    assert _parse("--crop", "32").model.preprocessing == {"crop": 32}
-    assert _parse("--resize", "40", "--crop", "32").model.preprocessing == {"resize": 40, "crop": 32}
+    assert _parse().inference.model.preprocessing is None
+    assert _parse("--crop", "32").inference.model.preprocessing == {"crop": 32}
+    assert _parse("--resize", "40", "--crop", "32").inference.model.preprocessing == {"resize": 40, "crop": 32}
 
 
 def test_cli_overrides_apply_over_the_default_preprocessing():
-    spec = _parse("--mean", "0.5,0.5,0.5", "--std", "0.25,0.5,1").model
+    spec = _parse("--mean", "0.5,0.5,0.5", "--std", "0.25,0.5,1").inference.model
     assert spec.preprocessing_over(Preprocessing()) == Preprocessing(mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1.0))
     assert spec.preprocessing_over(DIGITS_PREPROCESSING).crop == 32
 
@@ -149,7 +156,7 @@ def test_cli_partial_override_keeps_the_models_declared_preprocessing():
     from spark_cnn.models.resolve import resolve_endpoint
 
     config = _parse("--model", DIGITS_FACTORY, "--mean", "0.5,0.5,0.5")
-    assert resolve_endpoint(config.model).endpoint.preprocessing == DIGITS_PREPROCESSING
+    assert resolve_endpoint(config.inference.model).endpoint.preprocessing == DIGITS_PREPROCESSING
 
 
 # --- SidecarStatsParam ----------------------------------------------------------------------------------------
@@ -188,15 +195,15 @@ def test_stats_merge_is_idempotent():
     assert once == twice == update
 
 
-def test_classify_config_declares_every_inference_option_with_the_same_default():
-    # ClassifyConfig.inference_options copies these fields by name: one missing or defaulting differently
-    # would make a job and the notebook API run the same model differently.
-    from dataclasses import MISSING, fields
+def test_every_inference_option_is_a_job_option_under_its_own_name():
+    # ClassifyConfig nests InferenceOptions: each of its fields is filled from the flag, preset key or spark.cnn.*
+    # key of the same flat name (the model from --model and the preprocessing flags).
+    from dataclasses import fields
 
-    from spark_cnn.config import ClassifyConfig, InferenceOptions
+    from spark_cnn.cli.classify import option_table
+    from spark_cnn.cli.resolution import config_fields
 
-    job = {f.name: f for f in fields(ClassifyConfig)}
+    nested = config_fields(ClassifyConfig)
     for option in fields(InferenceOptions):
-        assert option.name in job, option.name
-        if option.default is not MISSING:
-            assert job[option.name].default == option.default, option.name
+        assert nested[option.name].path == ("inference", option.name)
+        assert option.name in option_table(), option.name

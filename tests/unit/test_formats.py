@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from spark_cnn.config import ClassifyConfig, InputOptions, PetastormConfig
+from spark_cnn.config import ClassifyConfig, InferenceOptions, InputOptions, PetastormConfig
 from spark_cnn.errors import ConfigError, ImageError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.unischema import (
@@ -173,7 +173,7 @@ def test_input_and_partition_options_are_checked_before_any_work():
     with pytest.raises(ConfigError, match="no '/'"):
         InputOptions(glob="a/*.jpg")
     with pytest.raises(ConfigError, match="--partition-by score"):
-        ClassifyConfig("in", "out", ModelSpec("resnet18"), partition_by="score")
+        ClassifyConfig("in", "out", InferenceOptions(ModelSpec("resnet18")), partition_by="score")
     with pytest.raises(ConfigError, match="--codec gif"):
         PetastormConfig("in", "out", codec="gif")
 

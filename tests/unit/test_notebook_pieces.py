@@ -131,9 +131,10 @@ def test_keyword_options_are_checked_where_they_enter():
 
 
 def test_classify_config_carries_its_inference_options():
-    config = ClassifyConfig("in", "out", ModelSpec(DIGITS_FACTORY), embeddings=True, layer="features", top_k=2)
-    assert config.inference_options.layer == "features" and config.inference_options.top_k == 2
-    assert config.run_options == config.inference_options.run_options
+    options = InferenceOptions(ModelSpec(DIGITS_FACTORY), embeddings=True, layer="features", top_k=2)
+    assert ClassifyConfig("in", "out", options).inference is options
+    with pytest.raises(ConfigError, match="inference must be InferenceOptions"):
+        ClassifyConfig("in", "out", ModelSpec(DIGITS_FACTORY))
 
 
 def _plan(label_names=None, logits=False) -> InferencePlan:
@@ -184,7 +185,8 @@ def test_udf_frames_keep_one_row_per_input_and_errors_in_place():
 def test_embed_command_flags_make_an_embedding_config():
     args = build_parser().parse_args(["embed", "in", "out", "--model", "resnet18", "--layer", "layer3"])
     config = classify_config(args, embed=True)
-    assert config.embeddings and config.layer == "layer3" and not config.logits and config.labels is None
+    options = config.inference
+    assert options.embeddings and options.layer == "layer3" and not options.logits and options.labels is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["embed", "in", "out", "--labels", "x.txt"])  # classify-only flag
 

@@ -93,7 +93,7 @@ def test_config_from_resolved_values_builds_the_same_config_as_flags():
     from_preset = classify.config_from(resolve(classify.option_table(), flags={"input": "in", "output": "out"},
                                                preset=preset))
     assert from_flags == from_preset
-    assert from_flags.batch_size == 32 and from_flags.model.preprocessing == {"crop": 200}
+    assert from_flags.inference.batch_size == 32 and from_flags.inference.model.preprocessing == {"crop": 200}
 
 
 # --- values from presets and Spark conf are checked like flags -------------------------------------------------

@@ -22,6 +22,7 @@ from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.launcher import ensure_sidecar
 from spark_cnn.task.procs import ProcessId, is_alive
+from spark_cnn.task.run_options import RunOptions
 from tests.unit import test_sidecar_process as process_tests
 from tests.unit.test_sidecar_process import (
     check_against_reference,
@@ -140,7 +141,7 @@ def test_injected_out_of_memory_halves_the_batch_and_results_stay_exact(runtime,
     job = f"oom-{uuid.uuid4().hex[:6]}"
     with fake_app("oom") as fresh:
         info = ensure_sidecar(fresh.options(), fresh.executor)
-        with SidecarClient(info.socket, info.token, endpoint, job, batch_size=16) as client:
+        with SidecarClient(info.socket, info.token, endpoint, job, run_options=RunOptions(batch_size=16)) as client:
             replies = list(map_ordered(client, requests))
             stats = client.stats(job)
         with open(fresh.base() + ".log") as f:
