@@ -14,7 +14,7 @@ import pytest
 
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from tests.e2e.conftest import run_command
-from tests.images import broken_files, write_files
+from tests.sample_images import broken_files, write_files
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import SUMMARY_FILE, classify
-from tests.images import broken_files, real_image_files, write_files
+from tests.sample_images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.spark
 

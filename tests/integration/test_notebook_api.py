@@ -21,7 +21,7 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import embed as embed_job
 from spark_cnn.task.launcher import find_sidecars
-from tests.images import broken_files, real_image_files, write_files
+from tests.sample_images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.spark
 

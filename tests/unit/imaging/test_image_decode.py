@@ -21,7 +21,7 @@ from spark_cnn.imaging.limits import DEFAULT_MAX_PIXELS, DecodeOptions, pillow_p
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.imaging.samples import large_photo_jpegs
 from spark_cnn.sidecar.batch_decode import decode_on_host
-from tests.images import (
+from tests.sample_images import (
     CORPUS_MAX_FILE_BYTES,
     CORPUS_MAX_PIXELS,
     corpus_broken_files,

@@ -17,7 +17,7 @@ from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, runtime_dir
 from spark_cnn.task.protocol import Kind
-from tests.unit import test_sidecar_process as process_tests
+from tests.unit.sidecar import test_sidecar_process as process_tests
 
 runtime, weights, endpoint, shared = (process_tests.runtime, process_tests.weights, process_tests.endpoint,
                                       process_tests.shared)
@@ -145,7 +145,7 @@ def test_weights_that_would_run_code_are_refused(tmp_path):
 def test_no_package_code_unpickles_without_an_allow_list_or_loads_torch_files_unsafely():
     """Pickle runs code: dataset metadata and weights must never be unpickled freely. Any module that unpickles
     must restrict the classes (a find_class allow-list); torch.load must pass weights_only=True."""
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     offenders = []
     for root, _, names in os.walk(os.path.join(package, "spark_cnn")):
         for name in (n for n in names if n.endswith(".py")):

@@ -22,8 +22,8 @@ from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.launcher import ensure_sidecar
 from spark_cnn.task.procs import ProcessId, is_alive
-from tests.unit import test_sidecar_process as process_tests
-from tests.unit.test_sidecar_process import (
+from tests.unit.sidecar import test_sidecar_process as process_tests
+from tests.unit.sidecar.test_sidecar_process import (
     check_against_reference,
     fake_app,
     gone,
