@@ -22,13 +22,12 @@ from tests.fault_tools import (
     argument,
     assert_same_output,
     committed_tasks,
-    digits_subset,
     read_rows,
     reference_rows,
     sidecar_processes,
     wait_for,
 )
-from tests.sample_images import broken_files, write_files
+from tests.sample_images import broken_files, digits_subset, write_files
 
 pytestmark = pytest.mark.e2e
 

@@ -22,7 +22,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import ensure_sidecar
 from tests.sidecar_doubles import ECHO_PREPROCESSING, SLOW_ECHO_FACTORY, pythonpath_with_repo
-from tests.unit.sidecar.test_sidecar_process import fake_app
+from tests.sidecar_harness import fake_app
 
 pytestmark = pytest.mark.e2e
 

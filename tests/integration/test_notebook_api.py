@@ -33,11 +33,6 @@ def _local(path: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def mixed_folder(tmp_path_factory) -> str:
-    return write_files(str(tmp_path_factory.mktemp("notebook")), {**real_image_files(), **broken_files()})
-
-
-@pytest.fixture(scope="module")
 def mobilenet(mobilenet_weights) -> torch.nn.Module:
     model = torchvision.models.mobilenet_v3_small()
     model.load_state_dict(torch.load(mobilenet_weights, weights_only=True))

@@ -17,10 +17,8 @@ from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, runtime_dir
 from spark_cnn.task.protocol import Kind
-from tests.unit.sidecar import test_sidecar_process as process_tests
 
-runtime, weights, endpoint, shared = (process_tests.runtime, process_tests.weights, process_tests.endpoint,
-                                      process_tests.shared)
+# conftest.py gives the sidecar fixtures (runtime, weights, endpoint, shared).
 
 INET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6")
 
