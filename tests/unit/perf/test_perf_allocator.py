@@ -55,6 +55,7 @@ def test_retained_heap_faults_only_while_it_grows():
     assert glibc.faulted - before >= (64 + 100) << 20  # mapped afresh every pass
 
 
+@pytest.mark.slow
 def test_time_model_charges_faults_only_for_glibcs_defaults(digits_cost_and_profile):
     cost, profile = digits_cost_and_profile
     no_faults = dataclasses.replace(profile, fault_us_per_page=0.0)
@@ -89,6 +90,7 @@ def test_pick_compares_the_tuners_choice_with_the_best_measured():
     assert pick["target"] == PICK_TARGET
 
 
+@pytest.mark.slow
 def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_cost_and_profile):
     _, profile = digits_cost_and_profile
     result = validate(DIGITS_FACTORY, [2], profile, input_shape=(3, 32, 32), repeats=2, warmup=1, sweeps=1,
@@ -100,6 +102,7 @@ def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_
     assert result["pick"]["batch_size"] == 2 and result["pick"]["fraction_of_best"] == 1.0
 
 
+@pytest.mark.slow
 def test_cpu_clock_times_the_computing_thread(tmp_path):
     ms, _ = measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=2, warmup=1, clock="cpu")
     assert ms > 0

@@ -25,7 +25,9 @@ from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.protocol import Kind
 from tests.sidecar_harness import PIXEL_SHAPE, check_against_reference, random_pixels
 
-# conftest.py gives the sidecar fixtures: a private runtime directory, the demo model, one shared running sidecar.
+# Fuzzes a running sidecar process. conftest.py gives the sidecar fixtures: a private runtime directory, the demo
+# model, one shared running sidecar.
+pytestmark = pytest.mark.slow
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -51,6 +51,7 @@ def sidecar_log(info) -> str:
         return f.read()
 
 
+@pytest.mark.slow
 def test_the_sidecar_has_only_unix_sockets(shared, endpoint):
     _, info = shared
     with SidecarClient(info.socket, info.token, endpoint, job="sockets"):  # a served connection is open too
@@ -63,6 +64,7 @@ def test_the_sidecar_has_only_unix_sockets(shared, endpoint):
     assert sockets <= unix, f"sockets that are not Unix sockets: {sorted(sockets - unix)}"
 
 
+@pytest.mark.slow
 def test_files_are_private_to_the_user(shared):
     app, info = shared
     assert stat.S_IMODE(os.stat(os.path.dirname(info.socket)).st_mode) == 0o700
@@ -71,6 +73,7 @@ def test_files_are_private_to_the_user(shared):
     assert stat.S_IMODE(os.stat(app.base() + ".json").st_mode) == 0o600
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("presented", [None, "", "f" * 32, "0123456789abcdef-intruder-token", "tökén"],
                          ids=["missing", "empty", "wrong", "wrong-length", "non-ascii"])
 def test_a_client_without_the_token_is_refused_and_logged_without_tokens(shared, endpoint, presented):
@@ -94,6 +97,7 @@ def test_a_client_without_the_token_is_refused_and_logged_without_tokens(shared,
         assert presented not in log_text
 
 
+@pytest.mark.slow
 def test_the_client_library_reports_a_refusal(shared, endpoint):
     _, info = shared
     with pytest.raises(SidecarError, match="refused"):

@@ -31,6 +31,9 @@ from tests.sidecar_harness import (
     wait_until,
 )
 
+# Kills, stops and restarts sidecar processes.
+pytestmark = pytest.mark.slow
+
 # conftest.py gives the sidecar fixtures: a private runtime directory, the demo model's weights, endpoint and
 # reference, a fresh fake application.
 

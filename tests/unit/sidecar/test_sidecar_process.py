@@ -51,6 +51,9 @@ from tests.sidecar_harness import (
     wait_until,
 )
 
+# Every test starts sidecar processes or talks to the shared one.
+pytestmark = pytest.mark.slow
+
 # A start that fails must be reported once the process dies (import torch + one error), not at the 180 s limit.
 FAILED_START_BOUND_S = 60.0
 
