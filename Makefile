@@ -13,8 +13,9 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
+# The unit tests that start no process: under a minute.
 unit: venv
-	$(BIN)/pytest -q tests/unit
+	$(BIN)/pytest -q -m "not slow" tests/unit
 
 # All variants, both models, about 15 minutes on a 2-core machine; run it on a quiet machine.
 bench: venv

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test layer: the demo assets and saved model weights, made once per session."""
+"""Shared by every test layer: the demo assets and saved model weights, made once per session, and the rule
+that marks integration and e2e tests slow."""
 
 from __future__ import annotations
 
@@ -8,6 +9,18 @@ import shutil
 import tempfile
 
 import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# Every test of these layers starts Spark or the real commands.
+SLOW_LAYERS = ("integration", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Integration and e2e tests are `slow` without saying so; unit tests that start processes say it."""
+    for item in items:
+        layer = os.path.relpath(str(item.path), TESTS_DIR).split(os.sep)[0]
+        if layer in SLOW_LAYERS:
+            item.add_marker(pytest.mark.slow)
 
 
 @contextlib.contextmanager

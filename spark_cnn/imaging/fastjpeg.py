@@ -1,6 +1,6 @@
 """The optional JPEG decoder: simplejpeg (libjpeg-turbo's TurboJPEG API), installed with the `fast-jpeg` extra.
 
-It gives the same pixels as Pillow (tests/unit/test_decode.py checks it). `auto` uses it only where Pillow
+It gives the same pixels as Pillow (tests/unit/imaging/test_image_decode.py checks it). `auto` uses it only where Pillow
 itself lacks libjpeg-turbo: measured here (`spark-cnn bench-decode`, docs/benchmarks.md), against Pillow 13's
 bundled libjpeg-turbo it was 12% slower per core on full-size decodes and about as fast on reduced ones, because
 its output array must be copied into a Pillow image for the resize.

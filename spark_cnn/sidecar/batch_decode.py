@@ -8,7 +8,7 @@ one. Host decoding is the Spark tasks' own (imaging.decode), under the guard rai
 (`decode_options`: --max-pixels, --max-file-bytes), so a file gives the same pixels or error in either place.
 
 The GPU's bilinear antialiased resize is not bit-identical to Pillow's: on photos the two differ by at most
-one grey level, 0.15 on average (tests/unit/test_decoding.py measures it).
+one grey level, 0.15 on average (tests/unit/sidecar/test_batch_decode.py measures it).
 """
 
 from __future__ import annotations

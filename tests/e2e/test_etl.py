@@ -16,7 +16,7 @@ import pytest
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.task.launcher import find_sidecars
 from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
-from tests.images import broken_files, write_files
+from tests.sample_images import broken_files, write_files
 
 pytestmark = pytest.mark.e2e
 

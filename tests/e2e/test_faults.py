@@ -1,5 +1,5 @@
 """Faults during real `spark-cnn classify` runs, each compared with the clean output of the same input (computed
-in-process by the same decoding and model code, tests/faults.py: a clean Spark run of it is compared in
+in-process by the same decoding and model code, tests/fault_tools.py: a clean Spark run of it is compared in
 tests/integration/test_job_faults.py):
 an executor JVM killed under local-cluster, an injected device out-of-memory, a sidecar that hangs (SIGSTOP)
 under local[2,2] (Spark retries a failed task once)."""
@@ -18,17 +18,16 @@ from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV
 from spark_cnn.task.procs import ProcessId, is_alive
 from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
-from tests.faults import (
+from tests.fault_tools import (
     argument,
     assert_same_output,
     committed_tasks,
-    digits_subset,
     read_rows,
     reference_rows,
     sidecar_processes,
     wait_for,
 )
-from tests.images import broken_files, write_files
+from tests.sample_images import broken_files, digits_subset, write_files
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import time
 
@@ -14,7 +13,8 @@ import pytest
 
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from tests.e2e.conftest import run_command
-from tests.images import broken_files, write_files
+from tests.sample_images import broken_files, write_files
+from tests.sample_images import digits_subset as _subset
 
 pytestmark = pytest.mark.e2e
 
@@ -34,15 +34,6 @@ def _wait_until_gone(app_id: str, timeout_s: float = 15.0) -> list[int]:
     while (left := _sidecars_of(app_id)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
-
-
-def _subset(demo_assets, root: str, per_class: int) -> str:
-    """The first `per_class` digits of each class, copied into an ImageFolder tree under `root`."""
-    for label in sorted(os.listdir(demo_assets.images)):
-        os.makedirs(os.path.join(root, label))
-        for name in sorted(os.listdir(os.path.join(demo_assets.images, label)))[:per_class]:
-            shutil.copy(os.path.join(demo_assets.images, label, name), os.path.join(root, label, name))
-    return root
 
 
 def test_demo_prints_the_report_and_reaches_accuracy(spark_cnn, demo_assets, tmp_path):

@@ -17,13 +17,13 @@ import pyarrow as pa
 import pytest
 
 from spark_cnn.errors import SidecarHung
-from spark_cnn.models.doubles import ECHO_PREPROCESSING, SLOW_ECHO_FACTORY
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import ensure_sidecar
 from spark_cnn.task.run_options import RunOptions
-from tests.unit.test_sidecar_process import fake_app
+from tests.sidecar_doubles import ECHO_PREPROCESSING, SLOW_ECHO_FACTORY, pythonpath_with_repo
+from tests.sidecar_harness import fake_app
 
 pytestmark = pytest.mark.e2e
 
@@ -40,6 +40,12 @@ LOAD_BOUND_S = 120.0
 # all requests are 16 x 2,000 x 2 rows x 12 KB = 786 MB.
 RSS_GROWTH_BOUND_MB = 150.0
 SAMPLE_INTERVAL_S = 0.05
+
+
+@pytest.fixture(autouse=True)
+def echo_model_importable(monkeypatch):
+    """The sidecar imports the echo model by name in its own process, which inherits this environment."""
+    monkeypatch.setenv("PYTHONPATH", pythonpath_with_repo())
 
 
 def rss_mb(pid: int) -> float:

@@ -1,8 +1,11 @@
-"""One local Spark session for all integration tests; its sidecars are stopped when the session ends."""
+"""One local Spark session for all integration tests (its sidecars are stopped when the session ends), and the
+image folders they read."""
 
 from __future__ import annotations
 
 import pytest
+
+from tests.sample_images import broken_files, real_image_files, write_files
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +21,9 @@ def spark():
         stop_sidecars(app_id)
         session.stop()
         assert find_sidecars(app_id) == []
+
+
+@pytest.fixture(scope="module")
+def mixed_folder(tmp_path_factory) -> str:
+    """Real photos and digits in several sizes and modes, nested folders, and three broken files."""
+    return write_files(str(tmp_path_factory.mktemp("mixed")), {**real_image_files(), **broken_files()})

@@ -20,7 +20,7 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import SUMMARY_FILE, classify
-from tests.images import broken_files, real_image_files, write_files
+from tests.sample_images import real_image_files, write_files
 
 pytestmark = pytest.mark.spark
 
@@ -46,11 +46,6 @@ def _reference_logits(model: torch.nn.Module, path: str, prep) -> np.ndarray:
 
 def _jobs_run(spark) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
-
-
-@pytest.fixture(scope="module")
-def mixed_folder(tmp_path_factory) -> str:
-    return write_files(str(tmp_path_factory.mktemp("mixed")), {**real_image_files(), **broken_files()})
 
 
 def test_torchvision_model_logits_match_torch_and_every_file_is_one_row(spark, mixed_folder, mobilenet_weights,

@@ -15,7 +15,7 @@ from spark_cnn.errors import ImageError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
-from tests.images import (
+from tests.sample_images import (
     CORPUS_MAX_FILE_BYTES,
     CORPUS_MAX_PIXELS,
     corpus_broken_files,

@@ -13,7 +13,7 @@ from spark_cnn.config import ClassifyConfig, EtlConfig, InferenceOptions
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.etl_job import STAGING, run_etl
-from tests.images import broken_files, write_files
+from tests.sample_images import broken_files, write_files
 
 pytestmark = pytest.mark.spark
 

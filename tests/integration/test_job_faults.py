@@ -18,7 +18,8 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import SUMMARY_FILE, classify
 from spark_cnn.task.launcher import find_sidecars
 from spark_cnn.task.procs import ProcessId, is_alive
-from tests.faults import assert_same_output, committed_tasks, digits_subset, read_rows, wait_for
+from tests.fault_tools import assert_same_output, committed_tasks, read_rows, wait_for
+from tests.sample_images import digits_subset
 
 pytestmark = pytest.mark.spark
 

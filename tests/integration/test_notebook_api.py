@@ -21,7 +21,7 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import embed as embed_job
 from spark_cnn.task.launcher import find_sidecars
-from tests.images import broken_files, real_image_files, write_files
+from tests.sample_images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.spark
 
@@ -30,11 +30,6 @@ BROKEN = "/broken/"
 
 def _local(path: str) -> str:
     return urlparse(path).path
-
-
-@pytest.fixture(scope="module")
-def mixed_folder(tmp_path_factory) -> str:
-    return write_files(str(tmp_path_factory.mktemp("notebook")), {**real_image_files(), **broken_files()})
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+# Imports in a fresh interpreter.
+pytestmark = pytest.mark.slow
+
 
 def test_sidecar_and_bench_import_without_pyspark_or_sklearn():
     script = textwrap.dedent("""

@@ -36,18 +36,8 @@ ROWS = 64
 
 # --- fixtures ---------------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    path = str(tmp_path_factory.mktemp("digits") / "digits_state.pt")
-    torch.save(DigitsCNN().state_dict(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def endpoint(weights: str) -> Endpoint:
-    return resolve_endpoint(ModelSpec(DIGITS_FACTORY, weights=weights), logits=True).endpoint
-
+# `weights` and `endpoint` (the demo CNN's) come from conftest.py; `reference` here overrides conftest's: the logits
+# of `pixels`, not a function.
 
 @pytest.fixture(scope="module")
 def pixels() -> np.ndarray:

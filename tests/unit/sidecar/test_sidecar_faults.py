@@ -23,8 +23,7 @@ from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.launcher import ensure_sidecar
 from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.run_options import RunOptions
-from tests.unit import test_sidecar_process as process_tests
-from tests.unit.test_sidecar_process import (
+from tests.sidecar_harness import (
     check_against_reference,
     fake_app,
     gone,
@@ -33,9 +32,11 @@ from tests.unit.test_sidecar_process import (
     wait_until,
 )
 
-# The sidecar-process fixtures: a private runtime directory, the demo model's weights, endpoint and reference.
-runtime, weights, endpoint, reference, app = (process_tests.runtime, process_tests.weights, process_tests.endpoint,
-                                              process_tests.reference, process_tests.app)
+# Kills, stops and restarts sidecar processes.
+pytestmark = pytest.mark.slow
+
+# conftest.py gives the sidecar fixtures: a private runtime directory, the demo model's weights, endpoint and
+# reference, a fresh fake application.
 
 # A new sidecar (import torch, load the demo model) on a loaded 2-core host: ~3-10 s; the bound leaves room.
 RECOVERY_BOUND_S = 60.0

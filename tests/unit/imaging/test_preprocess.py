@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, ImageOps
-from sklearn.datasets import load_digits, load_sample_image
+from sklearn.datasets import load_digits
 from torchvision import transforms
 
 from spark_cnn.errors import ConfigError, ImageError
@@ -22,19 +22,11 @@ from spark_cnn.imaging.preprocess import (
     resize_shorter_side,
 )
 from spark_cnn.models.tensors import normalise
+from tests.sample_images import encode as _bytes
+from tests.sample_images import sample_photo as _photo
 
 EXIF_ORIENTATION = 0x0112
 ROTATE_90_CW = 6  # EXIF Orientation 6: the stored image must be rotated 90 degrees clockwise to display
-
-
-def _bytes(image: Image.Image, fmt: str, **options) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, fmt, **options)
-    return buf.getvalue()
-
-
-def _photo(name: str) -> Image.Image:
-    return Image.fromarray(load_sample_image(name))
 
 
 def _torchvision(data: bytes, prep: Preprocessing) -> np.ndarray:

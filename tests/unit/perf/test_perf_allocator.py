@@ -3,15 +3,12 @@ its models, and validation in fresh processes that run as the sidecar does."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import pathlib
 import platform
 
 import pytest
 import torch
 
-import spark_cnn
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
@@ -58,6 +55,7 @@ def test_retained_heap_faults_only_while_it_grows():
     assert glibc.faulted - before >= (64 + 100) << 20  # mapped afresh every pass
 
 
+@pytest.mark.slow
 def test_time_model_charges_faults_only_for_glibcs_defaults(digits_cost_and_profile):
     cost, profile = digits_cost_and_profile
     no_faults = dataclasses.replace(profile, fault_us_per_page=0.0)
@@ -92,6 +90,7 @@ def test_pick_compares_the_tuners_choice_with_the_best_measured():
     assert pick["target"] == PICK_TARGET
 
 
+@pytest.mark.slow
 def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_cost_and_profile):
     _, profile = digits_cost_and_profile
     result = validate(DIGITS_FACTORY, [2], profile, input_shape=(3, 32, 32), repeats=2, warmup=1, sweeps=1,
@@ -103,6 +102,7 @@ def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_
     assert result["pick"]["batch_size"] == 2 and result["pick"]["fraction_of_best"] == 1.0
 
 
+@pytest.mark.slow
 def test_cpu_clock_times_the_computing_thread(tmp_path):
     ms, _ = measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=2, warmup=1, clock="cpu")
     assert ms > 0
@@ -122,21 +122,3 @@ def test_isolated_validation_reports_the_measuring_process_error_as_its_own(digi
     with pytest.raises(ModelError, match="no_such_module"):
         validate("no_such_module:factory", [1], profile, module=DigitsCNN(), input_shape=(3, 32, 32), repeats=1,
                  warmup=0, sweeps=1, isolate=True)
-
-
-def _imported_modules(path: pathlib.Path) -> set[str]:
-    modules = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            modules.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            modules.add(node.module)
-    return modules
-
-
-def test_perf_and_the_sidecars_measuring_process_meet_only_across_a_process():
-    package = pathlib.Path(spark_cnn.__file__).parent
-    for path in (package / "perf").rglob("*.py"):
-        assert not {m for m in _imported_modules(path) if m.startswith("spark_cnn.sidecar")}, path
-    for path in (package / "sidecar" / "measure.py", package / "models" / "timing.py"):
-        assert not {m for m in _imported_modules(path) if m.startswith("spark_cnn.perf")}, path

@@ -26,12 +26,11 @@ from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.protocol import Kind
 from spark_cnn.task.schema import ERROR, reply_schema
-from tests.unit import test_sidecar_process as process_tests
-from tests.unit.test_sidecar_process import PIXEL_SHAPE, check_against_reference, random_pixels
+from tests.sidecar_harness import PIXEL_SHAPE, check_against_reference, random_pixels
 
-# The sidecar-process fixtures: a private runtime directory, the demo model, one shared running sidecar.
-runtime, weights, endpoint, reference, shared = (process_tests.runtime, process_tests.weights, process_tests.endpoint,
-                                                 process_tests.reference, process_tests.shared)
+# Fuzzes a running sidecar process. conftest.py gives the sidecar fixtures: a private runtime directory, the demo
+# model, one shared running sidecar.
+pytestmark = pytest.mark.slow
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -11,7 +11,6 @@ import warnings
 import numpy as np
 import pytest
 from PIL import Image
-from sklearn.datasets import load_sample_image
 
 from spark_cnn.errors import ConfigError, ImageError
 from spark_cnn.imaging import decode as decode_module
@@ -21,7 +20,7 @@ from spark_cnn.imaging.limits import DEFAULT_MAX_PIXELS, DecodeOptions, pillow_p
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.imaging.samples import large_photo_jpegs
 from spark_cnn.sidecar.batch_decode import decode_on_host
-from tests.images import (
+from tests.sample_images import (
     CORPUS_MAX_FILE_BYTES,
     CORPUS_MAX_PIXELS,
     corpus_broken_files,
@@ -29,6 +28,8 @@ from tests.images import (
     skimage_data_files,
     sklearn_photo_files,
 )
+from tests.sample_images import encode as _encode
+from tests.sample_images import sample_photo as _photo
 
 PILLOW_FULL = DecodeOptions(reduced_dct=False, jpeg_decoder="pillow")
 PILLOW_REDUCED = DecodeOptions(reduced_dct=True, jpeg_decoder="pillow")
@@ -44,12 +45,6 @@ MAX_P99_DIFF = 6
 MAX_ABS_DIFF = 24
 
 
-def _encode(image: Image.Image, fmt: str, **options) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, fmt, **options)
-    return buf.getvalue()
-
-
 @functools.cache
 def _skimage() -> dict[str, bytes]:
     return skimage_data_files()
@@ -58,10 +53,6 @@ def _skimage() -> dict[str, bytes]:
 @functools.cache
 def _large() -> tuple[bytes, ...]:
     return tuple(large_photo_jpegs(6))
-
-
-def _photo(name: str = "china.jpg") -> Image.Image:
-    return Image.fromarray(load_sample_image(name))
 
 
 def _rgb(data: bytes, options: DecodeOptions = PILLOW_FULL) -> np.ndarray:

@@ -160,6 +160,7 @@ def test_calibration_threads_are_the_sidecars():
     assert device_key("cpu", None) == device_key("cpu", cpu_threads(None))
 
 
+@pytest.mark.slow
 def test_calibrate_is_cached_and_refreshable(tmp_path):
     threads = torch.get_num_threads()
     first = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))

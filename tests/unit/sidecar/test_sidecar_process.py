@@ -3,7 +3,8 @@
 No Spark and no mocks: each test starts `python -m spark_cnn.sidecar` through the launcher, with a sleeping child
 process standing in for the executor JVM it watches, and the tiny demo CNN (random weights) as its model. All
 files live in a private runtime directory under /tmp (Unix socket paths must stay under ~100 bytes). Every test
-stops what it started and checks that no sidecar process of its application id is left.
+stops what it started and checks that no sidecar process of its application id is left (tests/sidecar_harness.py;
+the fixtures are in conftest.py).
 
 A sidecar start costs ~3 s (importing torch), so the tests that leave their sidecar running share one.
 """
@@ -11,7 +12,6 @@ A sidecar start costs ~3 s (importing torch), so the tests that leave their side
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -22,179 +22,40 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 import pytest
-import torch
 
 from spark_cnn.errors import SidecarError
-from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
-from spark_cnn.models.resolve import resolve_endpoint
-from spark_cnn.models.spec import Endpoint, ModelSpec
-from spark_cnn.models.tensors import normalise
+from spark_cnn.models.digits import DIGITS_PREPROCESSING
+from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import launcher, protocol
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import (
-    RUNTIME_DIR_ENV,
-    LaunchOptions,
-    SidecarInfo,
     ensure_sidecar,
     find_sidecars,
-    sidecar_name,
     stop_sidecars,
 )
-from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, is_alive, process_id
+from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from spark_cnn.task.protocol import Kind
 from spark_cnn.task.sidecar_env import sidecar_environment
+from tests.sidecar_harness import (
+    EXIT_WAIT_S,
+    PIXEL_SHAPE,
+    FakeApp,
+    check_against_reference,
+    gone,
+    random_pixels,
+    sidecar_pids,
+    wait_until,
+)
 
-# The sidecar checks its executor and idle timer every 0.5 s; 10 s leaves room for a loaded 2-core host.
-EXIT_WAIT_S = 10.0
+# Every test starts sidecar processes or talks to the shared one.
+pytestmark = pytest.mark.slow
+
 # A start that fails must be reported once the process dies (import torch + one error), not at the 180 s limit.
 FAILED_START_BOUND_S = 60.0
-PIXEL_SHAPE = DIGITS_PREPROCESSING.pixel_shape  # (32, 32, 3)
-LOGITS_ATOL = 1e-5
-
-
-# --- helpers ----------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FakeApp:
-    """An application id and the sleeping child process that plays its executor JVM."""
-
-    app_id: str
-    executor: ExecutorProcess
-    child: subprocess.Popen
-
-    def options(self, **overrides) -> LaunchOptions:
-        return LaunchOptions(app_id=self.app_id, **{"device": "cpu", **overrides})
-
-    def base(self, device: str = "cpu") -> str:
-        """The launcher's path prefix for this app's sidecar files (.sock, .json, .lock, .log)."""
-        return os.path.join(os.environ[RUNTIME_DIR_ENV], sidecar_name(self.app_id, self.executor, device))
-
-
-def sidecar_pids(app_id: str) -> list[int]:
-    """Live `python -m spark_cnn.sidecar ... --app-id <app_id>` processes, found through /proc (not info files)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        args = cmdline(int(entry))
-        if (args[1:3] == ["-m", "spark_cnn.sidecar"] and "--app-id" in args
-                and args[args.index("--app-id") + 1] == app_id and is_alive(ProcessId(int(entry), 0))):
-            found.append(int(entry))
-    return found
-
-
-def wait_until(condition, timeout_s: float = EXIT_WAIT_S) -> float | None:
-    """Seconds until `condition()` held, or None if it did not within `timeout_s`."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        if condition():
-            return time.monotonic() - started
-        time.sleep(0.05)
-    return None
-
-
-def gone(pid: int) -> bool:
-    return not is_alive(ProcessId(pid, 0))
-
-
-@contextmanager
-def fake_app(tag: str) -> Iterator[FakeApp]:
-    """A fresh app id and fake executor; afterwards its sidecars are stopped and none may remain."""
-    app_id = f"scn-{tag}-{uuid.uuid4().hex[:8]}"
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        yield FakeApp(app_id, ExecutorProcess(process_id(child.pid), "exec-test"), child)
-    finally:
-        # Stop first, then kill the executor, so that a sidecar still running is ended by stop_sidecars itself
-        # rather than racing it on its way out.
-        try:
-            stop_sidecars(app_id)
-        finally:
-            child.kill()
-            child.wait()
-            for pid in sidecar_pids(app_id):  # last resort, so that a failed test leaves no process behind
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: not sidecar_pids(app_id)) is not None, f"sidecars of {app_id} still running"
-
-
-def random_pixels(rng: np.random.Generator, rows: int) -> np.ndarray:
-    return rng.integers(0, 256, size=(rows, *PIXEL_SHAPE), dtype=np.uint8)
-
-
-def logits_of(batch: pa.RecordBatch) -> np.ndarray:
-    return batch.column("logits").flatten().to_numpy().reshape(batch.num_rows, -1)
-
-
-# --- fixtures ---------------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def runtime() -> Iterator[str]:
-    """A private runtime directory that does not exist yet (the launcher must create it 0700)."""
-    base = tempfile.mkdtemp(prefix="scn")
-    path = os.path.join(base, "rt")
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(RUNTIME_DIR_ENV, path)
-            yield path
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def weights(runtime: str) -> str:
-    torch.manual_seed(0)
-    path = os.path.join(os.path.dirname(runtime), "digits_state.pt")
-    torch.save(DigitsCNN().state_dict(), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def endpoint(weights: str) -> Endpoint:
-    return resolve_endpoint(ModelSpec(DIGITS_FACTORY, weights=weights), logits=True).endpoint
-
-
-@pytest.fixture(scope="module")
-def reference(weights: str):
-    """Logits computed directly with torch, as the sidecar should compute them."""
-    model = DigitsCNN()
-    model.load_state_dict(torch.load(weights, weights_only=True))
-    model.eval()
-
-    def compute(pixels: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return model(normalise(torch.from_numpy(pixels), DIGITS_PREPROCESSING)).numpy()
-
-    return compute
-
-
-@pytest.fixture(scope="module")
-def shared(runtime: str) -> Iterator[tuple[FakeApp, SidecarInfo]]:
-    """One running sidecar for the tests that do not stop it."""
-    with fake_app("shared") as app:
-        yield app, ensure_sidecar(app.options(), app.executor)
-
-
-@pytest.fixture
-def app(runtime: str) -> Iterator[FakeApp]:
-    with fake_app("own") as fresh:
-        yield fresh
-
-
-def check_against_reference(reference, pixels: np.ndarray, reply) -> None:
-    assert isinstance(reply, pa.RecordBatch), f"expected outputs, got {reply!r}"
-    assert reply.num_rows == len(pixels)
-    expected = reference(pixels)
-    np.testing.assert_allclose(logits_of(reply), expected, atol=LOGITS_ATOL, rtol=0)
-    np.testing.assert_array_equal(reply.column("label").to_numpy(), expected.argmax(axis=1))
 
 
 # --- start and share --------------------------------------------------------------------------------------------

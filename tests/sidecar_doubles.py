@@ -1,16 +1,16 @@
-"""Test doubles that ship with the package: a slow echo model, to load-test a sidecar and check every reply.
+"""Test doubles: a slow echo model, to load-test a sidecar and check every reply.
 
 `slow_echo` returns, as its three "logits", the first pixel's R, G, B values (0-255, exact in float32) of each
 image, after sleeping a fixed time per batch like a heavy model on a slow device. A client that writes a request
 id into that pixel can check that every reply row belongs to its request.
 
->>> from spark_cnn.models.spec import ModelSpec
->>> ModelSpec(SLOW_ECHO_FACTORY).source
-'spark_cnn.models.doubles:slow_echo'
+A sidecar imports it by name in its own process, which inherits the test's environment: `pythonpath_with_repo`
+gives the PYTHONPATH under which that import works wherever the test runs from.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -18,12 +18,22 @@ from torch import nn
 
 from spark_cnn.imaging.preprocess import Preprocessing
 
-SLOW_ECHO_FACTORY = "spark_cnn.models.doubles:slow_echo"
+SLOW_ECHO_FACTORY = "tests.sidecar_doubles:slow_echo"
 # 64 x 64 pixels: 12 KB per image on the wire, large enough that buffering requests without bound would show in
 # memory within a load test. Mean 0, std 1: the model sees pixel / 255 and scales it back.
 ECHO_PREPROCESSING = Preprocessing(resize=64, crop=64, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 # Per batch: a batch of 64 rows then runs at ~12,800 images/s at most, slower than 16 clients can send.
 ECHO_BATCH_DELAY_S = 0.005
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pythonpath_with_repo(environ: dict[str, str] | None = None) -> str:
+    """PYTHONPATH of `environ` (default: this process's) with the repository root first, so that a child process
+    imports `tests.sidecar_doubles`."""
+    current = (os.environ if environ is None else environ).get("PYTHONPATH", "")
+    return os.pathsep.join([REPO_ROOT, *(p for p in current.split(os.pathsep) if p)])
 
 
 class SlowEcho(nn.Module):

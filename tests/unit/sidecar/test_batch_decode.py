@@ -8,20 +8,20 @@ so only the resize differs; on scikit-learn's sample photos the two differ by at
 from __future__ import annotations
 
 import functools
-import io
 import re
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from sklearn.datasets import load_sample_image
 
 from spark_cnn.imaging.preprocess import Preprocessing, decode_rgb, preprocess_pixels
 from spark_cnn.sidecar.batch_decode import _gpu_can_take, decode_on_gpu, decode_on_host, resize_crop_tensor
 from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.task import protocol
 from spark_cnn.task.schema import ERROR, reply_schema
+from tests.sample_images import encode as _encode
+from tests.sample_images import sample_photo
 
 PREP = Preprocessing()  # resize 256, crop 224
 # Measured on torch 2.14 / Pillow for the photos below: mean |diff| 0.08-0.16 grey levels, 99th percentile and
@@ -32,15 +32,7 @@ MAX_ABS_DIFF = 2
 EXIF_ORIENTATION = 0x0112
 
 
-def _encode(image: Image.Image, fmt: str, **options) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, fmt, **options)
-    return buf.getvalue()
-
-
-@functools.cache
-def _photo(name: str) -> Image.Image:
-    return Image.fromarray(load_sample_image(name))  # callers crop and resize: they get new images
+_photo = functools.cache(sample_photo)  # callers crop and resize: they get new images
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Helpers of the fault tests: input sets, watching a job's progress from outside, comparing outputs.
+"""Helpers of the fault tests: watching a job's progress from outside, comparing outputs.
 
 "Identical to a clean run" means: the same set of paths, each exactly once; the same error (or none) per path
 (up to the memory addresses Pillow puts in some messages);
@@ -13,7 +13,6 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
 import time
 from urllib.parse import urlparse
 
@@ -23,15 +22,6 @@ import pyarrow.parquet as pq
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 
 OUTPUT_ATOL = 1e-5
-
-
-def digits_subset(demo_assets, root: str, per_class: int) -> str:
-    """The first `per_class` digits of each class, copied into an ImageFolder tree under `root`."""
-    for label in sorted(os.listdir(demo_assets.images)):
-        os.makedirs(os.path.join(root, label))
-        for name in sorted(os.listdir(os.path.join(demo_assets.images, label)))[:per_class]:
-            shutil.copy(os.path.join(demo_assets.images, label, name), os.path.join(root, label, name))
-    return root
 
 
 def committed_tasks(output: str) -> int:

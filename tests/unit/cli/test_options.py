@@ -184,7 +184,7 @@ def test_shipped_presets_resolve(tmp_path):
     import glob
     import os
 
-    presets = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "conf", "*.yaml")))
+    presets = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "..", "..", "conf", "*.yaml")))
     assert len(presets) >= 2
     for path in presets:
         job, values = resolve_preset(path, [], None)

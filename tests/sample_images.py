@@ -1,12 +1,28 @@
-"""Real test images: scikit-learn's sample photos and digits in several sizes and modes, and broken files."""
+"""Real test images: scikit-learn's sample photos and digits in several sizes and modes, broken files, and the
+demo's digits as an ImageFolder subset."""
 
 from __future__ import annotations
 
 import io
 import os
+import shutil
 
 import numpy as np
 from PIL import Image
+
+
+def encode(image: Image.Image, fmt: str, **options) -> bytes:
+    """`image` saved in format `fmt` with Pillow's save `options`."""
+    buf = io.BytesIO()
+    image.save(buf, fmt, **options)
+    return buf.getvalue()
+
+
+def sample_photo(name: str = "china.jpg") -> Image.Image:
+    """scikit-learn's sample photo `name` as a new PIL image (callers may crop and resize it)."""
+    from sklearn.datasets import load_sample_image
+
+    return Image.fromarray(load_sample_image(name))
 
 
 def _jpeg(image: Image.Image, quality: int = 90) -> bytes:
@@ -48,6 +64,15 @@ def broken_files() -> dict[str, bytes]:
     whole = _jpeg(Image.fromarray(load_sample_image("china.jpg")))
     return {"broken/truncated.jpg": whole[: len(whole) // 3], "broken/notes.txt": b"not an image\n",
             "broken/empty.png": b""}
+
+
+def digits_subset(demo_assets, root: str, per_class: int) -> str:
+    """The first `per_class` digits of each class, copied into an ImageFolder tree under `root`."""
+    for label in sorted(os.listdir(demo_assets.images)):
+        os.makedirs(os.path.join(root, label))
+        for name in sorted(os.listdir(os.path.join(demo_assets.images, label)))[:per_class]:
+            shutil.copy(os.path.join(demo_assets.images, label, name), os.path.join(root, label, name))
+    return root
 
 
 def write_files(root: str, files: dict[str, bytes]) -> str:

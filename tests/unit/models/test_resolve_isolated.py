@@ -7,7 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from spark_cnn.models.digits import DIGITS_FACTORY
+
+# Resolves the model in a child process.
+pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import sys

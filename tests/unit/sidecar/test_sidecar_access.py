@@ -17,10 +17,8 @@ from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, runtime_dir
 from spark_cnn.task.protocol import Kind
-from tests.unit import test_sidecar_process as process_tests
 
-runtime, weights, endpoint, shared = (process_tests.runtime, process_tests.weights, process_tests.endpoint,
-                                      process_tests.shared)
+# conftest.py gives the sidecar fixtures (runtime, weights, endpoint, shared).
 
 INET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6")
 
@@ -53,6 +51,7 @@ def sidecar_log(info) -> str:
         return f.read()
 
 
+@pytest.mark.slow
 def test_the_sidecar_has_only_unix_sockets(shared, endpoint):
     _, info = shared
     with SidecarClient(info.socket, info.token, endpoint, job="sockets"):  # a served connection is open too
@@ -65,6 +64,7 @@ def test_the_sidecar_has_only_unix_sockets(shared, endpoint):
     assert sockets <= unix, f"sockets that are not Unix sockets: {sorted(sockets - unix)}"
 
 
+@pytest.mark.slow
 def test_files_are_private_to_the_user(shared):
     app, info = shared
     assert stat.S_IMODE(os.stat(os.path.dirname(info.socket)).st_mode) == 0o700
@@ -73,6 +73,7 @@ def test_files_are_private_to_the_user(shared):
     assert stat.S_IMODE(os.stat(app.base() + ".json").st_mode) == 0o600
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("presented", [None, "", "f" * 32, "0123456789abcdef-intruder-token", "tökén"],
                          ids=["missing", "empty", "wrong", "wrong-length", "non-ascii"])
 def test_a_client_without_the_token_is_refused_and_logged_without_tokens(shared, endpoint, presented):
@@ -96,6 +97,7 @@ def test_a_client_without_the_token_is_refused_and_logged_without_tokens(shared,
         assert presented not in log_text
 
 
+@pytest.mark.slow
 def test_the_client_library_reports_a_refusal(shared, endpoint):
     _, info = shared
     with pytest.raises(SidecarError, match="refused"):
@@ -145,7 +147,7 @@ def test_weights_that_would_run_code_are_refused(tmp_path):
 def test_no_package_code_unpickles_without_an_allow_list_or_loads_torch_files_unsafely():
     """Pickle runs code: dataset metadata and weights must never be unpickled freely. Any module that unpickles
     must restrict the classes (a find_class allow-list); torch.load must pass weights_only=True."""
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     offenders = []
     for root, _, names in os.walk(os.path.join(package, "spark_cnn")):
         for name in (n for n in names if n.endswith(".py")):

@@ -75,6 +75,7 @@ print(json.dumps({"peak_rss": sampler.peak_rss, "peak_processes": sampler.peak_p
 """
 
 
+@pytest.mark.slow
 def test_sampler_counts_the_whole_tree_and_leftovers_are_killed_and_named():
     done = subprocess.run([sys.executable, "-c", SAMPLER_SCENARIO], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -85,6 +86,7 @@ def test_sampler_counts_the_whole_tree_and_leftovers_are_killed_and_named():
     assert seen["left"] == [] and seen["reap_s"] < 10
 
 
+@pytest.mark.slow
 def test_sampler_reads_pss_at_most_once_a_second():
     # PSS costs ~25 ms of CPU per read of a Spark tree: read on every sample, it slowed the variant measured.
     child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50 << 20); time.sleep(30)"])
