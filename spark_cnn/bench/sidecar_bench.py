@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -180,8 +180,8 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
         pixels = np.stack([preprocess_pixels(f, endpoint.preprocessing) for f in files])
         images = list(pixels) if cfg.decode == "task" else files
         run = RunOptions(precision=cfg.precision, channels_last=cfg.channels_last, compile=cfg.compile)
-        off = RunOptions(**{**run.to_dict(), "batch_size": cfg.request_size})
-        on = RunOptions(**{**run.to_dict(), "batch_size": cfg.batch_size})
+        off = replace(run, batch_size=cfg.request_size)
+        on = replace(run, batch_size=cfg.batch_size)
 
         me = ExecutorProcess(process_id(os.getpid()), "bench")  # the sidecar exits if this process dies
         info = ensure_sidecar(LaunchOptions(app_id=app_id, device=cfg.device, threads=cfg.threads), me)

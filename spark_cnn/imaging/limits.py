@@ -7,7 +7,7 @@ before any parsing, `--max-pixels` on the image header, before a single pixel is
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from PIL import Image
 
@@ -70,17 +70,6 @@ class DecodeOptions:
                               f"give at most {MAX_FILE_BYTES_CEILING}")
         if self.jpeg_decoder not in JPEG_DECODERS:
             raise ConfigError(f"JPEG decoder {self.jpeg_decoder!r}: expected one of {', '.join(JPEG_DECODERS)}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> DecodeOptions:
-        unknown = set(data or {}) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown decode option(s) {sorted(unknown)}; "
-                              f"expected {sorted(cls.__dataclass_fields__)}")
-        return cls(**(data or {}))
 
 
 DEFAULT_DECODE = DecodeOptions()

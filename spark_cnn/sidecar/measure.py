@@ -25,18 +25,8 @@ from typing import Any
 import torch
 
 from spark_cnn.errors import SparkCnnError
+from spark_cnn.models import timing
 from spark_cnn.models.spec import DEFAULT_TOP_K, Endpoint
-from spark_cnn.models.timing import (
-    CLOCKS,
-    DEFAULT_POINT_BUDGET_S,
-    DEFAULT_REPEATS,
-    DEFAULT_WARMUP,
-    check_options,
-    preprocessing_for,
-    random_pixels,
-    settle_allocator,
-    time_batches,
-)
 from spark_cnn.sidecar.runner import ModelRunner
 from spark_cnn.task.sidecar_env import allocator_of
 
@@ -45,21 +35,22 @@ __all__ = ["measure_model", "measure_runner_ms", "main"]
 EXIT_ERROR = 2
 
 
-def measure_runner_ms(runner: ModelRunner, input_shape: Sequence[int], batch: int, *, repeats: int = DEFAULT_REPEATS,
-                      warmup: int = DEFAULT_WARMUP, point_budget_s: float | None = DEFAULT_POINT_BUDGET_S,
+def measure_runner_ms(runner: ModelRunner, input_shape: Sequence[int], batch: int, *,
+                      repeats: int = timing.DEFAULT_REPEATS, warmup: int = timing.DEFAULT_WARMUP,
+                      point_budget_s: float | None = timing.DEFAULT_POINT_BUDGET_S,
                       clock: str = "wall") -> tuple[float, float]:
     """(minimum ms, spread) of `runner.forward` on a staged batch of `batch` random images of `input_shape`
     (3, H, W), in the calling thread; on CUDA each call waits for the device."""
-    check_options(repeats=repeats, warmup=warmup, clock=clock)
-    settle_allocator()
-    staged = runner.upload(random_pixels(input_shape, batch))
+    timing.check_options(repeats=repeats, warmup=warmup, clock=clock)
+    timing.settle_allocator()
+    staged = runner.upload(timing.random_pixels(input_shape, batch))
 
     def run() -> Any:
         pending = runner.forward(staged)
         if runner.cuda:
             torch.cuda.synchronize(runner.device)
         return pending
-    return time_batches(run, repeats=repeats, warmup=warmup, point_budget_s=point_budget_s, clock=clock)
+    return timing.time_batches(run, repeats=repeats, warmup=warmup, point_budget_s=point_budget_s, clock=clock)
 
 
 def measure_model(model: str, input_shape: Sequence[int], batch: int, *, threads: int,
@@ -67,7 +58,8 @@ def measure_model(model: str, input_shape: Sequence[int], batch: int, *, threads
     """{"ms", "spread", "allocator"}: the sidecar's ModelRunner for `model` (random weights) on the CPU with
     `threads` torch threads, timed in a service thread as the sidecar computes (`options`: measure_runner_ms's)."""
     torch.set_num_threads(threads)
-    endpoint = Endpoint(source=model, weights=None, preprocessing=preprocessing_for(input_shape), top_k=DEFAULT_TOP_K)
+    endpoint = Endpoint(source=model, weights=None, preprocessing=timing.preprocessing_for(input_shape),
+                        top_k=DEFAULT_TOP_K)
     runner = ModelRunner(endpoint, torch.device("cpu"))
     ms, spread = _in_thread(lambda: measure_runner_ms(runner, input_shape, batch, **options))
     return {"ms": ms, "spread": spread, "allocator": allocator_of()}
@@ -106,11 +98,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--input-shape", type=_shape, default=(3, 224, 224), help="one image, C,H,W")
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--threads", type=int, required=True, help="torch threads")
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
-    parser.add_argument("--point-budget-s", type=_budget, default=DEFAULT_POINT_BUDGET_S,
+    parser.add_argument("--repeats", type=int, default=timing.DEFAULT_REPEATS)
+    parser.add_argument("--warmup", type=int, default=timing.DEFAULT_WARMUP)
+    parser.add_argument("--point-budget-s", type=_budget, default=timing.DEFAULT_POINT_BUDGET_S,
                         help="seconds of timed calls at most, or 'none'")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument("--clock", choices=sorted(timing.CLOCKS), default="wall")
     return parser.parse_args(argv)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import socket
@@ -31,7 +32,17 @@ DEFAULT_REQUEST_ROWS = 16
 DEFAULT_MAX_IN_FLIGHT = 4
 
 
-class SidecarClient:
+class Closing(contextlib.AbstractContextManager):
+    """A client used as `with client:` is closed on the way out, however the block ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SidecarClient(Closing):
     """One connection to a sidecar, bound to one endpoint (model + heads), one job id, how the model runs
     (`run_options`; `batch_size` None is the sidecar's choice) and where images are decoded (`task`: requests
     carry pixels; `sidecar` or `gpu`: requests carry files, decoded under `decode_options`, the guard rails;
@@ -123,12 +134,6 @@ class SidecarClient:
 
     def close(self) -> None:
         self._sock.close()
-
-    def __enter__(self) -> SidecarClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | list[bytes] | None]],

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
-from spark_cnn.task.client import SidecarClient
+from spark_cnn.task.client import Closing, SidecarClient
 from spark_cnn.task.launcher import retire_sidecar
 from spark_cnn.task.procs import process_id
 
@@ -31,7 +31,7 @@ log = logging.getLogger("spark_cnn.failover")
 DEFAULT_MAX_RECONNECTS = 3
 
 
-class FailoverClient:
+class FailoverClient(Closing):
     """A SidecarClient (submit / receive / stats) that reconnects and resends when its sidecar dies.
 
     `connect()` returns a new, handshaken SidecarClient (starting a sidecar when none lives). Request ids are
@@ -129,12 +129,6 @@ class FailoverClient:
 
     def close(self) -> None:
         self._client.close()
-
-    def __enter__(self) -> FailoverClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def _retired(error: SidecarHung) -> SidecarHung:

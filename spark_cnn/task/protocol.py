@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from enum import IntEnum
 
 import numpy as np
@@ -74,7 +74,7 @@ class Hello:
 
     def to_json(self) -> dict:
         return {"token": self.token, "endpoint": self.endpoint.to_json(), "job": self.job, "decode": self.decode,
-                "options": self.run_options.to_dict(), "decode_options": self.decode_options.to_dict()}
+                "options": asdict(self.run_options), "decode_options": asdict(self.decode_options)}
 
     @classmethod
     def from_json(cls, data: dict) -> Hello:
@@ -83,8 +83,19 @@ class Hello:
             raise SidecarError("HELLO without an endpoint: expected {token, endpoint, job, ...}")
         return cls(token=str(data.get("token", "")), endpoint=Endpoint.from_json(data["endpoint"]),
                    job=str(data.get("job", "")), decode=data.get("decode") or "task",
-                   run_options=RunOptions.from_dict(data.get("options")),
-                   decode_options=DecodeOptions.from_dict(data.get("decode_options")))
+                   run_options=options_from_json(RunOptions, data.get("options"), "run"),
+                   decode_options=options_from_json(DecodeOptions, data.get("decode_options"), "decode"))
+
+
+def options_from_json(kind: type, data: dict | None, what: str):
+    """Frozen options of dataclass `kind` from their JSON fields (absent: the defaults); unknown fields are
+    refused, so a client newer than its sidecar fails loudly instead of being half understood."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{what} options must be a JSON object, got {type(data).__name__}")
+    known = {f.name for f in fields(kind)}
+    if unknown := set(data or {}) - known:
+        raise ConfigError(f"unknown {what} option(s) {sorted(unknown)}; expected {sorted(known)}")
+    return kind(**(data or {}))
 
 
 class ConnectionClosed(SidecarError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError
 
@@ -33,16 +33,6 @@ class RunOptions:
             raise ConfigError(f"--batch-size {self.batch_size}: expected auto or a positive integer")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision}: expected one of {', '.join(PRECISIONS)}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> RunOptions:
-        unknown = set(data or {}) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ConfigError(f"unknown run option(s) {sorted(unknown)}; expected {sorted(cls.__dataclass_fields__)}")
-        return cls(**(data or {}))
 
     def model_key(self) -> tuple:
         """The options that change the loaded model (batch size does not)."""

@@ -71,7 +71,7 @@ def package_of(module: str) -> str:
 
 def imports_of(module: str) -> set[str]:
     """Every module `module` imports, at the top or inside functions, relative imports resolved; for
-    `from X import Y` both X and, where Y is a module, X.Y."""
+    `from X import Y` X.Y where Y is a module, else X."""
     path = MODULES[module]
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     with open(path) as f:
@@ -85,8 +85,11 @@ def imports_of(module: str) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in MODULES)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+            submodules = [name for name in names if name in MODULES]
+            found.update(submodules)
+            if len(submodules) < len(names):  # some names are the package's own, not submodules
+                found.add(base)
     return found
 
 

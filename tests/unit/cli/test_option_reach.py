@@ -110,6 +110,11 @@ TOOLS = {
     "plan": {"model": "the planned model", "weights": "its state_dict", "images": "the planned images",
              "executors": "the planned executors", "cores": "cores per executor", "device": "the planned device",
              "threads": "torch threads", "calibration_seconds": "calibration time", "json": "the result file"},
+    "validate": {"models": "the validated models", "batch_sizes": "the measured batch sizes",
+                 "repeats": "timed calls per point", "sweeps": "passes over the sizes",
+                 "point_budget_s": "time per point", "threads": "torch threads", "layers_at": "the per-layer report",
+                 "cache_dir": "the device profiles", "refresh": "calibrate again", "calibrate_each": "per model",
+                 "clock": "what is timed", "json": "the results file"},
 }
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import io
+import json
 import time
 import warnings
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from spark_cnn.imaging.limits import DEFAULT_MAX_PIXELS, DecodeOptions, pillow_p
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.imaging.samples import large_photo_jpegs
 from spark_cnn.sidecar.batch_decode import decode_on_host
+from spark_cnn.task.protocol import options_from_json
 from tests.sample_images import (
     CORPUS_MAX_FILE_BYTES,
     CORPUS_MAX_PIXELS,
@@ -339,11 +342,12 @@ def test_invalid_decode_options_raise_config_error(kwargs, message):
 
 def test_decode_options_round_trip_and_defaults():
     options = DecodeOptions(max_pixels=1000, max_file_bytes=2000, jpeg_decoder="pillow")
-    assert DecodeOptions.from_dict(options.to_dict()) == options
-    assert DecodeOptions.from_dict({}) == DecodeOptions()
+    wire = json.loads(json.dumps(asdict(options)))  # as they cross the socket in the HELLO
+    assert options_from_json(DecodeOptions, wire, "decode") == options
+    assert options_from_json(DecodeOptions, {}, "decode") == DecodeOptions()
     assert DecodeOptions().max_pixels == DEFAULT_MAX_PIXELS <= pillow_pixel_ceiling() // 2
     with pytest.raises(ConfigError, match="unknown decode option"):
-        DecodeOptions.from_dict({"max_pixel": 3})
+        options_from_json(DecodeOptions, {"max_pixel": 3}, "decode")
 
 
 def test_sidecar_host_decoding_uses_the_same_guard_rails():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ from spark_cnn.sidecar.runner import (
     is_out_of_memory,
     resolve_device,
 )
+from spark_cnn.task.protocol import options_from_json
 from spark_cnn.task.run_options import PRECISIONS, RunOptions
 from spark_cnn.task.schema import reply_schema
 
@@ -294,13 +296,13 @@ def test_run_options_refuse_a_batch_size_that_is_not_an_integer(batch_size):
     RunOptions(batch_size=1, precision="fp16", channels_last=False),
 ])
 def test_run_options_round_trip_through_json(options):
-    data = json.loads(json.dumps(options.to_dict()))  # as they cross the socket in the HELLO
+    data = json.loads(json.dumps(asdict(options)))  # as they cross the socket in the HELLO
 
-    assert RunOptions.from_dict(data) == options
+    assert options_from_json(RunOptions, data, "run") == options
 
 
 def test_run_options_from_nothing_are_the_defaults():
-    assert RunOptions.from_dict(None) == RunOptions.from_dict({}) == RunOptions()
+    assert options_from_json(RunOptions, None, "run") == options_from_json(RunOptions, {}, "run") == RunOptions()
 
 
 def test_model_key_ignores_the_batch_size_only():
