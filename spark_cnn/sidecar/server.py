@@ -40,8 +40,8 @@ from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
 
-# Until the tuner (perf/) decides, the batch size by device type. On the 2-core CPU host mobilenet_v3_small
-# ran fastest at batch 8 (129-188 img/s vs 58-79 at 1 and 86-100 at 64); GPUs want large batches.
+# Where the batch size starts without a cached device profile (perf/startpoint.py), by device type: small CNNs
+# ran fastest near batch 8 on the 2-core CPU (docs/benchmarks.md); GPUs want large batches.
 AUTO_BATCH_ROWS = {"cpu": 8, "cuda": 64}
 # The online tuner explores up to these sizes: a CPU gains nothing past a few dozen images per batch, and
 # 512 images of 224 px are ~300 MB of float32 input, still small beside a data-centre GPU's memory.
