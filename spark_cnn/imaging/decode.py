@@ -71,7 +71,7 @@ def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
             return _decode_tiff_fallback(data, options), None
         refused = refused_format(data)
         if refused:
-            raise ImageError(f"cannot decode image: its first bytes are those of a {refused} file; only "
+            raise ImageError(f"cannot decode image: the file is in the {refused} format (by its first bytes); only "
                              f"{', '.join(IMAGE_FORMATS)} images are decoded (convert it to one of them)") from e
         raise ImageError(f"cannot decode image: UnidentifiedImageError: not an image format Pillow reads "
                          f"(starts with {data[:8]!r})") from e

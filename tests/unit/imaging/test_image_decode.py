@@ -298,11 +298,11 @@ def test_formats_outside_the_allow_list_are_refused_naming_the_format(fmt):
     data = _other_format(fmt)
     assert Image.open(io.BytesIO(data)).format == fmt, "Pillow itself would open it"
     for decode in (lambda: decode_rgb(data), lambda: preprocess_pixels(data, PREP)):
-        with pytest.raises(ImageError, match=rf"^cannot decode image: its first bytes are those of a {fmt} file; "
-                                             rf"only JPEG, PNG, GIF, BMP, TIFF, WEBP images are decoded"):
+        with pytest.raises(ImageError, match=rf"^cannot decode image: the file is in the {fmt} format \(by its "
+                                             rf"first bytes\); only JPEG, PNG, GIF, BMP, TIFF, WEBP images are"):
             decode()
     [error] = decode_on_host([data], PREP)[1]  # the sidecar's host decoding: the same error
-    assert error.startswith(f"cannot decode image: its first bytes are those of a {fmt} file")
+    assert error.startswith(f"cannot decode image: the file is in the {fmt} format (by its first bytes)")
 
 
 def test_an_eps_file_never_reaches_pillows_postscript_plugin(monkeypatch):
@@ -311,7 +311,7 @@ def test_an_eps_file_never_reaches_pillows_postscript_plugin(monkeypatch):
 
     parsed = []
     monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", lambda self: parsed.append(self) or 1 / 0)
-    with pytest.raises(ImageError, match="EPS file"):
+    with pytest.raises(ImageError, match="in the EPS format"):
         decode_rgb(_other_format("EPS"))
     assert parsed == [], "the EPS plugin parsed the file"
 
