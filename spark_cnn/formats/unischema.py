@@ -5,7 +5,8 @@ codecs, NumPy scalar types, pyspark type objects). We cannot import petastorm (i
 pyspark 3), and unpickling a file's metadata with `pickle.loads` would run whatever code the file names. So:
 
 - reading goes through `loads_unischema`, an Unpickler whose `find_class` maps the few classes a Unischema
-  uses onto the stand-ins below and refuses every other global;
+  uses onto the stand-ins below and refuses every other global, and which refuses a BUILD (set state) on a
+  class: that would patch the allowed class itself, for the whole process, not one object;
 - writing goes through `dumps_unischema`, which emits the pickle opcodes for a Unischema by hand, naming
   petastorm's classes, so petastorm itself unpickles the result into its real objects.
 """
@@ -155,24 +156,40 @@ _ALLOWED.setdefault(("numpy", "unicode_"), np.str_)
 _ALLOWED.setdefault(("numpy", "string_"), np.bytes_)
 
 
-class _RefusedGlobal(pickle.UnpicklingError):
-    """The pickle names a class or function outside the allow-list."""
+class _Refused(pickle.UnpicklingError):
+    """The pickle names a class or function outside the allow-list, or would change a class."""
 
 
-class _AllowListUnpickler(pickle.Unpickler):
+class _AllowListUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler: its opcode table can be amended (the C one's cannot), and a Unischema pickle
+    is a few hundred bytes, so its speed does not matter."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
     def find_class(self, module: str, name: str):
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
-            raise _RefusedGlobal(f"refusing to load {module}.{name}: a Unischema holds only petastorm "
-                                         "schema, codec, NumPy and pyspark type classes") from None
+            raise _Refused(f"refusing to load {module}.{name}: a Unischema holds only petastorm "
+                           "schema, codec, NumPy and pyspark type classes") from None
+
+    def _load_build(self) -> None:
+        target = self.stack[-2]  # BUILD: stack [..., object, state]
+        if isinstance(target, type):
+            # Its state (a (dict, slots) pair sets attributes) would land on the class: every object of it in
+            # this process, e.g. a codec's properties or Unischema.__setstate__, would change.
+            raise _Refused(f"refusing to set state on the class {target.__module__}.{target.__qualname__}: a "
+                           "Unischema pickle sets state on objects only")
+        pickle._Unpickler.load_build(self)
+
+    dispatch[pickle.BUILD[0]] = _load_build
 
 
 def loads_unischema(data: bytes, *, source: str = "the dataset") -> Unischema:
     """A pickled petastorm Unischema -> our Unischema; refuses any other class named in the pickle."""
     try:
         schema = _AllowListUnpickler(io.BytesIO(data)).load()
-    except _RefusedGlobal as e:
+    except _Refused as e:
         raise InputError(f"{source}: the stored petastorm Unischema cannot be read safely: {e}") from e
     except Exception as e:  # truncated or malformed pickles raise many types
         raise InputError(f"{source}: the stored petastorm Unischema is corrupt: {type(e).__name__}: {e}") from e

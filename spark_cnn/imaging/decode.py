@@ -1,11 +1,12 @@
 """Image file bytes -> an upright 8-bit RGB image, behind the guard rails, as fast as the target size allows.
 
 Order of work, cheapest refusal first: empty file, file size, then the header (format and size, read by
-Pillow without decoding pixels) against the pixel limit, then the pixels of the first frame only (multi-page
-TIFF, animated GIF/PNG/WebP). Large JPEGs decode at 1/2, 1/4 or 1/8 scale in the DCT (libjpeg's scaled
-decoding, through Pillow's `draft` or, when chosen, simplejpeg), choosing the largest scale that keeps the
-decoded shorter side >= `DecodeOptions.dct_headroom` (2) x the size the caller will resize to. EXIF orientation
-is applied; every mode becomes RGB as imaging.modes describes.
+Pillow without decoding pixels; only the formats in `limits.IMAGE_FORMATS` are tried, any other is an
+ImageError naming it) against the pixel limit, then the pixels of the first frame only (multi-page TIFF,
+animated GIF/PNG/WebP). Large JPEGs decode at 1/2, 1/4 or 1/8 scale in the DCT (libjpeg's scaled decoding,
+through Pillow's `draft` or, when chosen, simplejpeg), choosing the largest scale that keeps the decoded
+shorter side >= `DecodeOptions.dct_headroom` (2) x the size the caller will resize to. EXIF orientation is
+applied; every mode becomes RGB as imaging.modes describes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging import fastjpeg, tiff
-from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, IMAGE_FORMATS, DecodeOptions
 from spark_cnn.imaging.modes import to_rgb
 
 EXIF_ORIENTATION = 0x0112
@@ -64,10 +65,14 @@ def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
     check_file_size(data, options)
     try:
         with _quiet_pillow_bomb_warning():
-            image = Image.open(io.BytesIO(data))
+            image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except UnidentifiedImageError as e:
         if tiff.is_tiff(data) and tiff.available():
             return _decode_tiff_fallback(data, options), None
+        refused = refused_format(data)
+        if refused:
+            raise ImageError(f"cannot decode image: the file is in the {refused} format (by its first bytes); only "
+                             f"{', '.join(IMAGE_FORMATS)} images are decoded (convert it to one of them)") from e
         raise ImageError(f"cannot decode image: UnidentifiedImageError: not an image format Pillow reads "
                          f"(starts with {data[:8]!r})") from e
     except Image.DecompressionBombError as e:
@@ -81,6 +86,24 @@ def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
         raise
     except Exception as e:  # truncated data, corrupt streams, unsupported modes
         raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+def refused_format(data: bytes) -> str | None:
+    """The Pillow format outside IMAGE_FORMATS that `data` would open as, judged from its first bytes as Pillow
+    itself does (no plugin parses the file); None when no such format claims it."""
+    prefix = data[:16]  # what Image.open passes to each format's check
+    Image.init()
+    if any(_claims(Image.OPEN[fmt][1], prefix) for fmt in IMAGE_FORMATS if fmt in Image.OPEN):
+        return None  # a damaged file of a format we decode, not another format
+    return next((fmt for fmt, (_, accept) in Image.OPEN.items()
+                 if fmt not in IMAGE_FORMATS and _claims(accept, prefix)), None)
+
+
+def _claims(accept, prefix: bytes) -> bool:
+    try:
+        return accept is not None and bool(accept(prefix))
+    except Exception:  # a format's check that trips on short input claims nothing
+        return False
 
 
 def check_file_size(data: bytes, options: DecodeOptions = DEFAULT_DECODE) -> None:

@@ -1,7 +1,8 @@
 """How images are decoded, and the guard rails every file passes before its pixels are decoded.
 
 The limits protect the processes that decode (Spark tasks and the sidecar): a file is refused with an
-ImageError, which becomes that row's `error`, instead of exhausting memory. `--max-file-bytes` is checked
+ImageError, which becomes that row's `error`, instead of exhausting memory or reaching a decoder outside
+IMAGE_FORMATS. `--max-file-bytes` is checked
 before any parsing, `--max-pixels` on the image header, before a single pixel is decoded.
 """
 
@@ -24,6 +25,10 @@ DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 # A single file must fit one sidecar message (protocol.MAX_PAYLOAD_BYTES = 1 GiB) with room to spare.
 MAX_FILE_BYTES_CEILING = 512 * 1024 * 1024
 JPEG_DECODERS = ("auto", "pillow", "simplejpeg")
+# The image formats decoded, as Pillow names them (MPO, the multi-picture JPEG, opens as JPEG). Pillow knows
+# some forty; the others are refused before any of their code parses a byte: EPS runs Ghostscript where it is
+# installed, and most bring parsers that see little use or fuzzing. Each is an error row naming its format.
+IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP")
 # Reduced DCT decoding keeps the decoded shorter side >= this many times the resize target, so the antialiased
 # resize after it still averages >= 2 pixels per output pixel: within a fraction of a grey level of a full
 # decode at about 3x its speed (`spark-cnn bench-decode`, docs/benchmarks.md "Reading side").

@@ -8,6 +8,7 @@ threads of its ModelService (service.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from spark_cnn.sidecar.online_tuner import OnlineTuner
 from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, resolve_device
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.task import protocol
-from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S, check_private_dir
 from spark_cnn.task.procs import ProcessId, is_alive
 from spark_cnn.task.protocol import Kind
 from spark_cnn.task.run_options import DECODE_PLACES, RunOptions
@@ -305,6 +306,7 @@ class SidecarServer:
         self._stop.set()
 
     def serve_forever(self) -> None:
+        self._check_directories()
         listener = self._listen()
         final = True  # no task can ask for this sidecar again: its executor is gone, or the driver stopped it
         try:
@@ -344,8 +346,14 @@ class SidecarServer:
             except FileNotFoundError:
                 pass
 
+    def _check_directories(self) -> None:
+        """Create nothing in a directory that is not private to this user (the launcher checks too; this
+        process may be started by hand): SidecarError, saying what to do, before any file is made."""
+        for path in {self.settings.socket_path, self.settings.info_path}:
+            check_private_dir(os.path.dirname(os.path.abspath(path)))
+
     def _listen(self) -> socket.socket:
-        if os.path.exists(self.settings.socket_path):
+        if os.path.lexists(self.settings.socket_path):
             os.unlink(self.settings.socket_path)  # stale: the launcher holds the lock, no live sidecar owns it
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket file is created 0600: only this user may connect
@@ -362,7 +370,9 @@ class SidecarServer:
                 "device": str(self.device), "host": socket.gethostname(), "app_id": self.settings.app_id,
                 "executor": self.settings.executor_id}
         tmp = f"{self.settings.info_path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a leftover of a crashed sidecar with this pid; never written through (a symlink)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(info, f)
         os.replace(tmp, self.settings.info_path)  # readers never see a half-written file

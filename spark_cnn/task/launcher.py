@@ -4,15 +4,24 @@ All sidecar files live in one runtime directory owned by the user, mode 0700: `<
 `<name>.json` (pid, device, token; 0600), `<name>.lock` (decides which task starts it) and `<name>.log`.
 `<name>` is derived from (application, executor JVM, device), so the tasks of one executor share a sidecar and
 different executors, applications and devices never do.
+
+Nothing in that directory is trusted unless it is private: the directory must be a real directory (not a
+symlink) of this user's with no group or other bits, and an info file a regular file of this user's naming the
+socket beside it. An existing directory open to others is refused, never fixed: while it was open another user
+could have placed files in it (a symlink named like a log or lock), which closing it would not remove.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -25,6 +34,8 @@ from spark_cnn.errors import SidecarError
 from spark_cnn.task import procs
 from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
 from spark_cnn.task.sidecar_env import sidecar_environment
+
+log = logging.getLogger("spark_cnn.launcher")
 
 RUNTIME_DIR_ENV = "SPARK_CNN_RUNTIME_DIR"
 # Importing torch and loading a large model on a busy host can take a minute; beyond three something is wrong.
@@ -49,12 +60,22 @@ class SidecarInfo:
 
     @classmethod
     def read(cls, path: str) -> SidecarInfo | None:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-        except (OSError, ValueError, KeyError, TypeError):
+        """The info file at `path` (`<name>.json`); None when there is none (yet) or it is incomplete. Raises
+        SidecarError for a file no sidecar of this user's wrote: a symlink, not a regular file, another owner's,
+        or one naming a socket other than `<name>.sock` beside it."""
+        data = _read_private_file(path)
+        if data is None:
             return None
+        try:
+            fields = json.loads(data)
+            info = cls(**{k: fields[k] for k in cls.__dataclass_fields__})
+        except (ValueError, KeyError, TypeError):
+            return None
+        expected = os.path.splitext(path)[0] + ".sock"
+        if info.socket != expected:
+            raise SidecarError(f"sidecar info file {path} names socket {info.socket!r}, not {expected}: no sidecar "
+                               f"of this user's wrote it; remove it: rm {path}")
+        return info
 
 
 @dataclass(frozen=True)
@@ -66,16 +87,56 @@ class LaunchOptions:
 
 
 def runtime_dir() -> str:
-    """The user's private directory for sidecar sockets and files, created 0700 if missing."""
+    """The user's private directory for sidecar sockets and files, created 0700 if missing (the umask can only
+    narrow that); raises SidecarError, saying what to do, when it is not private (`check_private_dir`)."""
     path = os.environ.get(RUNTIME_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"spark_cnn-{os.getuid()}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if st.st_uid != os.getuid():
-        raise SidecarError(f"sidecar directory {path} belongs to uid {st.st_uid}, not to this user; "
-                           f"remove it or set {RUNTIME_DIR_ENV} to a private directory")
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
+    path = os.path.abspath(path)  # the info file names its socket by this path: the same from any cwd
+    with contextlib.suppress(FileExistsError):  # whatever is there is checked next
+        os.makedirs(path, mode=0o700)
+    check_private_dir(path)
     return path
+
+
+def check_private_dir(path: str) -> None:
+    """Raise SidecarError unless `path` is a directory (not a symlink) owned by this user, with no group or
+    other permission bits."""
+    st = os.lstat(path)
+    fix = f"remove it or set {RUNTIME_DIR_ENV} to a private directory"
+    if stat.S_ISLNK(st.st_mode):
+        raise SidecarError(f"sidecar directory {path} is a symbolic link; {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise SidecarError(f"sidecar directory {path} is not a directory; {fix}")
+    if st.st_uid != os.getuid():
+        raise SidecarError(f"sidecar directory {path} belongs to uid {st.st_uid}, not to this user; {fix}")
+    if st.st_mode & 0o077:
+        raise SidecarError(f"sidecar directory {path} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}); "
+                           f"if only you used it, make it private: chmod 700 {path}; else {fix}")
+
+
+def _read_private_file(path: str) -> bytes | None:
+    """The bytes of `path` if it is a regular file owned by this user; None if there is none. Anything else
+    raises SidecarError: it was not written by a sidecar of this user's."""
+    fix = f"no sidecar of this user's wrote it; remove it: rm {path}"
+    try:
+        # O_NOFOLLOW: a symlink fails (ELOOP) instead of being read; O_NONBLOCK: a FIFO cannot block the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        what = "is a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened ({e.strerror})"
+        raise SidecarError(f"sidecar info file {path} {what}; {fix}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SidecarError(f"sidecar info file {path} is not a regular file; {fix}")
+        if st.st_uid != os.getuid():
+            raise SidecarError(f"sidecar info file {path} belongs to uid {st.st_uid}, not to this user; {fix}")
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def sidecar_name(app_id: str, executor: ExecutorProcess, device: str) -> str:
@@ -196,10 +257,20 @@ def find_sidecars(app_id: str | None = None) -> list[SidecarInfo]:
     directory = runtime_dir()
     for name in sorted(os.listdir(directory)):
         if name.endswith(".json"):
-            info = SidecarInfo.read(os.path.join(directory, name))
+            info = _read_listed_info(os.path.join(directory, name))
             if _live(info) and (app_id is None or info.app_id == app_id):
                 found.append(info)
     return found
+
+
+def _read_listed_info(path: str) -> SidecarInfo | None:
+    """SidecarInfo.read for a listing: an untrusted file is skipped with a warning, so that one planted file
+    cannot keep the listing (and stopping an application's sidecars) from working."""
+    try:
+        return SidecarInfo.read(path)
+    except SidecarError as e:
+        log.warning("skipped: %s", e)
+        return None
 
 
 def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:

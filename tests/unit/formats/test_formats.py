@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -88,6 +89,47 @@ class _RunsACommand:
 def test_a_malicious_pickle_is_refused_with_a_clear_error(payload):
     with pytest.raises(InputError, match=r"cannot be read safely: refusing to load (posix|nt|builtins)\.\w+"):
         loads_unischema(payload, source="file:/data/ds")
+
+
+def _build_on_class(module: str, name: str, attribute: str, value: str) -> bytes:
+    """A pickle that loads the allowed class `module.name` and BUILDs (None, {attribute: value}) on the class
+    itself: the slots part of a BUILD state is set with setattr, on whatever object is below it."""
+    def text(s: str) -> bytes:
+        return b"X" + struct.pack("<I", len(s.encode())) + s.encode()
+
+    return (b"\x80\x02c" + f"{module}\n{name}\n".encode() + b"N}" + text(attribute) + text(value)
+            + b"s\x86b.")  # None, {attribute: value}, TUPLE2, BUILD, STOP
+
+
+@pytest.mark.parametrize("module, name, attribute", [
+    ("petastorm.codecs", "CompressedImageCodec", "image_codec"),
+    ("petastorm.unischema", "Unischema", "__setstate__"),
+    ("petastorm.unischema", "UnischemaField", "__eq__"),
+    ("pyspark.sql.types", "StringType", "name"),
+])
+def test_a_pickle_that_would_patch_an_allowed_class_is_refused(module, name, attribute):
+    from spark_cnn.formats.unischema import _ALLOWED
+
+    cls = _ALLOWED[(module, name)]
+    before = dict(vars(cls))
+    try:
+        with pytest.raises(InputError, match=rf"cannot be read safely: refusing to set state on the class "
+                                             rf"[\w.]+\.{name}"):
+            loads_unischema(_build_on_class(module, name, attribute, "patched"), source="file:/data/ds")
+        assert dict(vars(cls)) == before, f"the pickle changed the class {name} for the whole process"
+    finally:  # without the fix the class is patched: put it back so that other tests see the real one
+        for key in set(vars(cls)) - set(before):
+            delattr(cls, key)
+        for key, value in before.items():
+            if vars(cls).get(key) is not value and key not in ("__dict__", "__weakref__", "__doc__"):
+                setattr(cls, key, value)
+
+
+def test_state_on_objects_still_loads_after_refusing_it_on_classes():
+    """The BUILDs petastorm writes (codec and schema state) are on objects: both pickles still load whole."""
+    schema = loads_unischema(_petastorm_pickle())
+    assert schema.fields["image"].codec.image_codec == "png"
+    assert loads_unischema(dumps_unischema(_image_schema())).fields["image"].codec == CompressedImageCodec("jpeg", 90)
 
 
 def test_a_pickle_of_something_else_or_garbage_is_refused():

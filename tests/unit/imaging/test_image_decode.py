@@ -18,7 +18,7 @@ from spark_cnn.errors import ConfigError, ImageError
 from spark_cnn.imaging import decode as decode_module
 from spark_cnn.imaging import fastjpeg, tiff
 from spark_cnn.imaging.decode import dct_scale, decode_for_resize, decode_rgb
-from spark_cnn.imaging.limits import DEFAULT_MAX_PIXELS, DecodeOptions, pillow_pixel_ceiling
+from spark_cnn.imaging.limits import DEFAULT_MAX_PIXELS, IMAGE_FORMATS, DecodeOptions, pillow_pixel_ceiling
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.imaging.samples import large_photo_jpegs
 from spark_cnn.sidecar.batch_decode import decode_on_host
@@ -285,6 +285,51 @@ def test_files_simplejpeg_rejects_fall_back_to_pillow(monkeypatch):
 
 
 # --- guard rails ------------------------------------------------------------------------------------------------
+
+def _other_format(fmt: str) -> bytes:
+    """A small picture saved by Pillow in `fmt`: a file Pillow could open, in a format we do not decode."""
+    picture = Image.new("RGB", (40, 30), (200, 10, 10))
+    return _encode(picture.convert("1") if fmt in ("XBM", "MSP") else picture, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "PPM", "ICO", "PCX", "SGI", "QOI", "DDS", "JPEG2000", "XBM", "MSP", "ICNS",
+                                 "DIB"])
+def test_formats_outside_the_allow_list_are_refused_naming_the_format(fmt):
+    data = _other_format(fmt)
+    assert Image.open(io.BytesIO(data)).format == fmt, "Pillow itself would open it"
+    for decode in (lambda: decode_rgb(data), lambda: preprocess_pixels(data, PREP)):
+        with pytest.raises(ImageError, match=rf"^cannot decode image: the file is in the {fmt} format \(by its "
+                                             rf"first bytes\); only JPEG, PNG, GIF, BMP, TIFF, WEBP images are"):
+            decode()
+    [error] = decode_on_host([data], PREP)[1]  # the sidecar's host decoding: the same error
+    assert error.startswith(f"cannot decode image: the file is in the {fmt} format (by its first bytes)")
+
+
+def test_an_eps_file_never_reaches_pillows_postscript_plugin(monkeypatch):
+    """Pillow's EPS plugin hands the file to Ghostscript where it is installed: it must not even parse it."""
+    from PIL import EpsImagePlugin
+
+    parsed = []
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", lambda self: parsed.append(self) or 1 / 0)
+    with pytest.raises(ImageError, match="in the EPS format"):
+        decode_rgb(_other_format("EPS"))
+    assert parsed == [], "the EPS plugin parsed the file"
+
+
+def test_non_image_documents_are_refused_with_their_first_bytes():
+    pdf = _encode(Image.new("RGB", (40, 30)), "PDF")
+    with pytest.raises(ImageError, match=r"not an image format Pillow reads \(starts with b'%PDF-1\.4'\)"):
+        decode_rgb(pdf)
+
+
+@pytest.mark.parametrize("fmt", IMAGE_FORMATS)
+def test_every_allowed_format_decodes(fmt):
+    picture = Image.new("RGB", (40, 30), (200, 10, 10))
+    assert Image.open(io.BytesIO(_encode(picture, fmt))).format == fmt
+    rgb = _rgb(_encode(picture, fmt, **({"lossless": True} if fmt == "WEBP" else {})))
+    assert rgb.shape == (30, 40, 3)
+    assert np.abs(rgb.astype(int) - [200, 10, 10]).max() <= (8 if fmt == "JPEG" else 0)
+
 
 @pytest.mark.parametrize("name, message", [
     ("broken/truncated.jpg", r"cannot decode image: OSError: image file is truncated"),
