@@ -304,7 +304,7 @@ class ModelService:
         rows = sum(s.rows for s in batch) if rows is None else rows
         kind = failure_kind(error)
         log.error("batch of %d rows failed (%s): %s: %s", rows, kind.value, type(error).__name__, error)
-        message = f"{kind.value} failure on a batch of {rows}: {type(error).__name__}: {error}"
+        message = f"failed on a batch of {rows}: {type(error).__name__}: {error}"
         for s in batch:
             if s.request.fail(message, kind):
                 self.stats.error(s.request.job)
