@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
+from spark_cnn.errors import SidecarError, SidecarFault, SidecarHung, SidecarLost
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
@@ -34,11 +34,6 @@ DEFAULT_MAX_IN_FLIGHT = 4
 
 class RequestFailed(SidecarError):
     """The sidecar refused one request for its own input (ErrorKind.REQUEST): its rows carry the message."""
-
-
-class SidecarFault(SidecarError):
-    """The model, the device or the sidecar failed a request (any kind but REQUEST): the task fails, so Spark
-    retries it, and the job fails when the retries run out. `kind`, `pid` and `socket_path` say which."""
 
 
 class Closing(contextlib.AbstractContextManager):
