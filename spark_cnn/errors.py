@@ -37,3 +37,9 @@ class SidecarLost(SidecarError):
 
 class SidecarHung(SidecarError):
     """The sidecar stopped answering within the request timeout."""
+
+
+class SidecarFault(SidecarError):
+    """The model, the device or the sidecar failed a request (not the request's own input): the task fails, so
+    Spark retries it, and the job fails when the retries run out. Raised by task/client.py, which sets `kind`,
+    `pid` and `socket_path` (lost when pickled; the message names them)."""

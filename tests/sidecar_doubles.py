@@ -52,3 +52,21 @@ class SlowEcho(nn.Module):
 
 def slow_echo() -> SlowEcho:
     return SlowEcho()
+
+
+FAILING_FACTORY = "tests.sidecar_doubles:fails_on_images"
+FAILING_MESSAGE = "the test model fails on every real image"
+
+
+def fails_on_images() -> nn.Module:
+    """The demo CNN, except that it raises on any batch that is not one blank colour: it passes the driver's
+    model check (one blank image) and fails on every real image, as a model broken for real data does."""
+    from spark_cnn.models.digits import DigitsCNN
+
+    class FailsOnImages(DigitsCNN):
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            if bool(images.amax() != images.amin()):
+                raise RuntimeError(FAILING_MESSAGE)
+            return super().forward(images)
+
+    return FailsOnImages()

@@ -24,6 +24,7 @@ def parse_args(argv: list[str]) -> SidecarSettings:
     parser.add_argument("--watch-pid", type=int, help="exit when this process ends (the executor JVM)")
     parser.add_argument("--watch-start-time", type=int, default=0, help="its start time, against pid reuse")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's, all cores)")
+    parser.add_argument("--lock-fd", type=int, help="the start lock's descriptor, closed once the info file is out")
     parser.add_argument("--app-id", default="")
     parser.add_argument("--executor-id", default="")
     args = parser.parse_args(argv)
@@ -31,7 +32,7 @@ def parse_args(argv: list[str]) -> SidecarSettings:
         socket_path=args.socket, info_path=args.info, device=args.device,
         idle_timeout_s=args.idle_timeout,
         watch=ProcessId(args.watch_pid, args.watch_start_time) if args.watch_pid else None,
-        app_id=args.app_id, executor_id=args.executor_id, threads=args.threads)
+        app_id=args.app_id, executor_id=args.executor_id, threads=args.threads, lock_fd=args.lock_fd)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,18 +1,34 @@
 """Fault injection for reliability tests: off unless an environment variable of the sidecar turns it on.
 
-`SPARK_CNN_INJECT_OOM_ABOVE_ROWS=N`: every device batch of more than N rows fails with the device's
-out-of-memory error before the model runs, as a GPU too small for that batch would. The sidecar then halves
-its batches (service.py) until they fit, so a job's output is unchanged: tests/e2e/test_faults.py shows it.
-Unset (the default), nothing changes; the sidecar logs a warning at start when it is set.
+Job options cannot set any of these: a sidecar inherits them only from the environment of the process that
+starts it (a test's). Unset (the default), nothing changes; the sidecar logs a warning when one is set.
+
+- `SPARK_CNN_INJECT_OOM_ABOVE_ROWS=N`: every device batch of more than N rows fails with the device's
+  out-of-memory error before the model runs, as a GPU too small for that batch would. The sidecar then halves
+  its batches (service.py) until they fit, so a job's output is unchanged: tests/e2e/test_faults.py shows it.
+- `SPARK_CNN_INJECT_MODEL_FAULT=raise|sticky`: every forward raises, as a broken model does (`raise`), or with
+  the text of a CUDA error that leaves the device unusable (`sticky`, e.g. an illegal memory access).
+- `SPARK_CNN_INJECT_START_DELAY_S=S`: the sidecar sleeps S seconds before it publishes its info file, as one
+  loading a large model on a busy host does.
+- `SPARK_CNN_INJECT_START_KILLS=FILE`: FILE holds a count; while it is above 0, a starting sidecar lowers it by
+  one and SIGKILLs itself before it publishes its info file, as the OOM killer does.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 
 from spark_cnn.errors import ConfigError
 
 INJECT_OOM_ENV = "SPARK_CNN_INJECT_OOM_ABOVE_ROWS"
+INJECT_MODEL_FAULT_ENV = "SPARK_CNN_INJECT_MODEL_FAULT"
+INJECT_START_DELAY_ENV = "SPARK_CNN_INJECT_START_DELAY_S"
+INJECT_START_KILLS_ENV = "SPARK_CNN_INJECT_START_KILLS"
+MODEL_FAULTS = ("raise", "sticky")
+# The text CUDA gives an error after which the context is unusable; runner.failure_kind reads it as sticky.
+STICKY_FAULT_TEXT = "CUDA error: an illegal memory access was encountered"
 
 
 def injected_oom_above_rows() -> int | None:
@@ -27,3 +43,52 @@ def injected_oom_above_rows() -> int | None:
     if rows < 1:
         raise ConfigError(f"{INJECT_OOM_ENV}={text!r}: expected a positive number of rows (or unset it)")
     return rows
+
+
+def injected_model_fault() -> str | None:
+    """`raise`, `sticky` or None (no injection)."""
+    text = os.environ.get(INJECT_MODEL_FAULT_ENV, "").strip()
+    if not text:
+        return None
+    if text not in MODEL_FAULTS:
+        raise ConfigError(f"{INJECT_MODEL_FAULT_ENV}={text!r}: expected one of {', '.join(MODEL_FAULTS)} (or unset it)")
+    return text
+
+
+def model_fault_error(fault: str) -> RuntimeError:
+    """The error an injected model fault raises from a forward."""
+    if fault == "sticky":
+        return RuntimeError(f"{STICKY_FAULT_TEXT} (injected by {INJECT_MODEL_FAULT_ENV})")
+    return RuntimeError(f"the model failed (injected by {INJECT_MODEL_FAULT_ENV})")
+
+
+def injected_start_faults() -> list[str]:
+    """Apply the start faults that are set (sleep; SIGKILL while the count lasts); what was applied, for the log."""
+    applied = []
+    delay = os.environ.get(INJECT_START_DELAY_ENV, "").strip()
+    if delay:
+        import time
+
+        applied.append(f"{INJECT_START_DELAY_ENV}={delay}")
+        time.sleep(float(delay))
+    counter = os.environ.get(INJECT_START_KILLS_ENV, "").strip()
+    if counter and _take_one(counter):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return applied
+
+
+def _take_one(path: str) -> bool:
+    """Lower the count in `path` by one if it is above 0 (under a lock: sidecars may start side by side)."""
+    try:
+        with open(path, "r+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            left = int(f.read().strip() or 0)
+            if left <= 0:
+                return False
+            f.seek(0)
+            f.truncate()
+            f.write(str(left - 1))
+            f.flush()
+            return True
+    except (OSError, ValueError):
+        return False

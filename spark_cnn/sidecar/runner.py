@@ -23,7 +23,14 @@ from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.models.tensors import normalise
 from spark_cnn.models.tracing import FX_GATE
-from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV, injected_oom_above_rows
+from spark_cnn.sidecar.fault_injection import (
+    INJECT_MODEL_FAULT_ENV,
+    INJECT_OOM_ENV,
+    injected_model_fault,
+    injected_oom_above_rows,
+    model_fault_error,
+)
+from spark_cnn.task.protocol import ErrorKind
 from spark_cnn.task.run_options import RunOptions
 from spark_cnn.task.schema import reply_schema
 from spark_cnn.task.sidecar_env import cpu_threads
@@ -73,6 +80,24 @@ def is_out_of_memory(error: BaseException) -> bool:
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+# CUDA errors after which the context is unusable until the process exits (illegal address, launch failure,
+# device-side assert, ECC): every later call fails too, so the sidecar must be replaced, not reused.
+STICKY_ERROR_MARKS = ("CUDA error", "CUDA_ERROR", "device-side assert", "illegal memory access",
+                      "unspecified launch failure", "CUBLAS_STATUS_EXECUTION_FAILED", "CUDNN_STATUS_EXECUTION_FAILED")
+
+
+def failure_kind(error: BaseException) -> ErrorKind:
+    """Who a failed batch blames: out of memory is the device's (it still works); a CUDA error is sticky (it
+    does not); anything else the model raised is the model's."""
+    if is_out_of_memory(error):
+        return ErrorKind.DEVICE
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    if (accelerator_error and isinstance(error, accelerator_error)) or any(
+            mark in str(error) for mark in STICKY_ERROR_MARKS):
+        return ErrorKind.STICKY
+    return ErrorKind.MODEL
 
 
 class PrecisionProbe:
@@ -139,6 +164,9 @@ class ModelRunner:
         # by side (the CPU sidecar's compute threads); the precision probe runs only on CUDA, with one thread.
         self._lock = threading.Lock() if endpoint.embeddings else contextlib.nullcontext()
         self._oom_above = injected_oom_above_rows()  # a test's fault injection; None in real use
+        self._model_fault = injected_model_fault()  # likewise
+        if self._model_fault is not None:
+            log.warning("fault injection on (%s=%s): every forward fails", INJECT_MODEL_FAULT_ENV, self._model_fault)
         if self._oom_above is not None:
             log.warning("fault injection on (%s): batches of more than %d rows fail with out-of-memory",
                         INJECT_OOM_ENV, self._oom_above)
@@ -167,6 +195,8 @@ class ModelRunner:
         """Normalise, run the model and its heads; start copying the outputs back without waiting."""
         if self._oom_above is not None and len(staged.pixels) > self._oom_above:
             raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
+        if self._model_fault is not None:
+            raise model_fault_error(self._model_fault)
         with FX_GATE.forward(), self._lock, torch.inference_mode():  # never while another model is fx-traced
             pixels = staged.pixels
             if staged.ready is not None:
@@ -237,3 +267,15 @@ class ModelRegistry:
             runner = ModelRunner(endpoint, self.device, options)
             self._runners[key] = runner
             return runner, True
+
+    def drop(self, runners: list[ModelRunner]) -> None:
+        """Forget these runners (no service runs them any more): their models are freed, and loaded again if
+        asked for later."""
+        gone = {id(runner) for runner in runners}
+        with self._lock:
+            for key in [key for key, runner in self._runners.items() if id(runner) in gone]:
+                del self._runners[key]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._runners)

@@ -28,6 +28,7 @@ from spark_cnn.errors import ConfigError, SidecarError
 from spark_cnn.imaging.limits import DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar.batch_decode import decode_on_gpu, decode_on_host, gpu_decode_works
+from spark_cnn.sidecar.fault_injection import injected_start_faults
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
 from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, resolve_device
@@ -35,7 +36,7 @@ from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.task import protocol
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S, check_private_dir
 from spark_cnn.task.procs import ProcessId, is_alive
-from spark_cnn.task.protocol import Kind
+from spark_cnn.task.protocol import ErrorKind, Kind
 from spark_cnn.task.run_options import DECODE_PLACES, RunOptions
 from spark_cnn.task.sidecar_env import cpu_threads
 
@@ -53,6 +54,18 @@ WATCH_INTERVAL_S = 0.5
 # without reading replies (or faster than the device) is held back by its socket instead of filling the
 # sidecar's memory. Tasks keep 4 in flight (client.DEFAULT_MAX_IN_FLIGHT); the bound never slows them.
 MAX_REQUESTS_PER_CONNECTION = 32
+# A client has this long to send its HELLO after connecting; one that sends nothing is dropped, so idle
+# connections cannot pile up threads. A real client sends it at once (the model loads after the HELLO).
+HANDSHAKE_TIMEOUT_S = 10.0
+# A model service (queue, threads, loaded model) no connection has used for this long is dropped; a later
+# HELLO loads it again (seconds). As long as an idle sidecar waits before it exits: a notebook that moved on
+# to other models stops holding the old ones, one that comes back within minutes finds them warm.
+SERVICE_IDLE_S = 300.0
+# After a sticky device error, how long the sidecar lets its writers send the ERRORs already queued before it
+# exits (its clients then see the connection close and reconnect to a new sidecar).
+RETIRE_GRACE_S = 2.0
+# The exit status of a sidecar that retired after a sticky device error.
+EXIT_RETIRED = 3
 # The agreed decode places at which requests carry image files, for this process to decode.
 SIDECAR_DECODES = tuple(place for place in DECODE_PLACES if place != "task")
 
@@ -67,6 +80,9 @@ class SidecarSettings:
     app_id: str = ""
     executor_id: str = ""
     threads: int | None = None  # torch intra-op threads on the CPU; None: sidecar_env.cpu_threads' default
+    lock_fd: int | None = None  # the starter's start lock, held until the info file is written (launcher.py)
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S
+    service_idle_s: float = SERVICE_IDLE_S
 
 
 class Connection:
@@ -80,6 +96,7 @@ class Connection:
         self._writer_failed = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
         self.decode_options = DecodeOptions()  # the client's guard rails, from its HELLO
+        self.service: ModelService | None = None  # from the HELLO on; released when the connection ends
 
     def send(self, kind: Kind, request_id: int, payload=b"") -> None:
         self._outbox.put((kind, request_id, payload))
@@ -88,15 +105,43 @@ class Connection:
         self.send(kind, request_id, json.dumps(data).encode("utf-8"))
 
     def _write_loop(self) -> None:
+        """Send replies in order; never dies on a reply. A payload that cannot be sent becomes an ERROR for its
+        request (nothing of it went out); a failure mid-frame breaks the stream, so the socket is shut down and
+        the client, seeing it close, sends its requests in flight again (task/failover.py). Either way each
+        request gets one reply on this connection at most."""
         while (item := self._outbox.get()) is not None:
             try:
-                protocol.send_frame(self.sock, *item)
+                self._write(*item)
+            finally:
+                self._outbox.task_done()
+        self._outbox.task_done()
+
+    def _write(self, kind: Kind, request_id: int, payload) -> None:
+        if self._writer_failed.is_set():
+            return  # the stream is broken: what is left is dropped, and the client reconnects
+        try:
+            view = memoryview(payload)
+        except Exception as e:
+            log.error("reply to request %d cannot be sent: %s: %s", request_id, type(e).__name__, e)
+            kind = Kind.ERROR
+            view = memoryview(json.dumps(protocol.error_reply(
+                f"the sidecar could not send its reply: {type(e).__name__}: {e}", ErrorKind.SIDECAR)).encode())
+        try:
+            protocol.send_frame(self.sock, kind, request_id, view)
+        except Exception as e:
+            log.warning("connection broken while sending request %d's reply: %s", request_id, e)
+            self._writer_failed.set()  # the reader sees the shut socket too and ends the connection
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
-                self._writer_failed.set()  # the reader sees the broken socket too and ends the connection
-                return
-            kind, request_id, _ = item
-            if kind in (Kind.RESULT, Kind.ERROR) and request_id != protocol.CONNECTION_REQUEST_ID:
-                self._unanswered.release()  # an INFER answered
+                pass
+            return
+        if kind in (Kind.RESULT, Kind.ERROR) and request_id != protocol.CONNECTION_REQUEST_ID:
+            self._unanswered.release()  # an INFER answered
+
+    def drained(self) -> bool:
+        """Every reply queued so far has been sent (or dropped with a broken socket)."""
+        return self._outbox.unfinished_tasks == 0
 
     def serve(self) -> None:
         self._writer.start()
@@ -118,12 +163,12 @@ class Connection:
             pass
         except Exception as e:
             log.warning("connection ended: %s", e)
-            self.send_json(Kind.ERROR, protocol.CONNECTION_REQUEST_ID, {"message": str(e)})
+            self.send_json(Kind.ERROR, protocol.CONNECTION_REQUEST_ID, protocol.error_reply(str(e), ErrorKind.REQUEST))
         finally:
             self._outbox.put(None)
             self._writer.join(timeout=5)
             self.sock.close()
-            self.server.connection_closed()
+            self.server.connection_closed(self)
 
     def _wait_for_reply_slot(self) -> None:
         """Backpressure: at most MAX_REQUESTS_PER_CONNECTION requests of this connection are unanswered."""
@@ -132,7 +177,13 @@ class Connection:
                 raise protocol.ConnectionClosed("the client stopped taking replies")
 
     def _handshake(self) -> tuple[ModelService, str, str]:
-        frame = protocol.recv_frame(self.sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
+        deadline = self.server.settings.handshake_timeout_s
+        self.sock.settimeout(deadline)
+        try:
+            frame = protocol.recv_frame(self.sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
+        except TimeoutError:
+            raise SidecarError(f"no HELLO within {deadline:g} s of connecting; dropped the connection") from None
+        self.sock.settimeout(None)
         if frame.kind != Kind.HELLO:
             raise SidecarError(f"expected HELLO first, got {frame.kind.name}")
         data = frame.json()
@@ -145,7 +196,7 @@ class Connection:
         if decode == "gpu" and self.server.device.type != "cuda":
             raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
         self.decode_options = hello.decode_options
-        service = self.server.service_for(hello.endpoint, hello.run_options)
+        service = self.service = self.server.service_for(hello.endpoint, hello.run_options, user=self)
         if decode == "auto":
             decode = self.server.auto_decode(service)
         self.server.job_started(job, service, decode)
@@ -177,7 +228,7 @@ class Connection:
                 pixels, row_errors = decode_on_host(images, prep, self.decode_options)
         except Exception as e:
             self.server.stats.error(job)
-            self.send_json(Kind.ERROR, frame.request_id, {"message": f"bad request: {e}"})
+            self.send_json(Kind.ERROR, frame.request_id, protocol.error_reply(f"bad request: {e}", ErrorKind.REQUEST))
             return
         self.server.stats.request(job, len(row_errors) if row_errors is not None else len(pixels))
         service.submit(InferRequest(self, frame.request_id, job, pixels, row_errors))
@@ -204,23 +255,32 @@ class SidecarServer:
         self.stats = JobStats()
         self._registry = ModelRegistry(self.device)
         self._services: dict[tuple, ModelService] = {}
+        self._users: dict[tuple, set] = {}  # service key -> the connections using it
+        self._unused_since: dict[tuple, float] = {}  # service key -> when its last user left
         self._job_services: dict[str, ModelService] = {}  # job -> its service: precision and tuning decide late
         self._decode_choices: dict[int, object] = {}  # id(service) -> placement.DecodeChoice, for --decode auto
         self._services_lock = threading.Lock()
-        self._connections = 0
+        self._connections: set = set()
+        self._retired: str | None = None  # why the device is unusable, once it is
         self._last_activity = time.monotonic()
         self._activity_lock = threading.Lock()
         self._stop = threading.Event()
         self.auto_batch_rows = AUTO_BATCH_ROWS.get(self.device.type, AUTO_BATCH_ROWS["cpu"])
+        if settings.lock_fd is not None:
+            os.set_inheritable(settings.lock_fd, False)  # held by this process alone, never by its children
 
     # --- used by connections ---
 
-    def service_for(self, endpoint: Endpoint, options: RunOptions | None = None) -> ModelService:
-        """The queue and pipeline for this model with these options (the model is loaded once per options)."""
+    def service_for(self, endpoint: Endpoint, options: RunOptions | None = None, user=None) -> ModelService:
+        """The queue and pipeline for this model with these options (the model is loaded once per options);
+        `user` (a connection) keeps it from eviction until it is released (`connection_closed`)."""
         options = options or RunOptions()
         rows = int(options.batch_size) if options.batch_size else self.auto_batch_rows
         key = (endpoint.fingerprint, *options.model_key(), rows)
         with self._services_lock:
+            if user is not None:
+                self._users.setdefault(key, set()).add(user)
+            self._unused_since.pop(key, None)
             service = self._services.get(key)
             if service is None:
                 started = time.perf_counter()
@@ -228,7 +288,7 @@ class SidecarServer:
                 tuner = None
                 if not options.batch_size:
                     rows, tuner = self._auto_start(runner)
-                service = ModelService(runner, rows, self.stats, tuner=tuner,
+                service = ModelService(runner, rows, self.stats, tuner=tuner, on_sticky=self.retire,
                                        compute_workers=cpu_compute_workers(self.device, self.settings.threads))
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
@@ -295,10 +355,52 @@ class SidecarServer:
         with self._activity_lock:
             self._last_activity = time.monotonic()
 
-    def connection_closed(self) -> None:
+    def connection_closed(self, conn) -> None:
+        """`conn` ended: it no longer counts as activity, nor as a user of its service."""
         with self._activity_lock:
-            self._connections -= 1
+            self._connections.discard(conn)
             self._last_activity = time.monotonic()
+        with self._services_lock:
+            for key, users in self._users.items():
+                if conn in users:
+                    users.discard(conn)
+                    if not users:
+                        self._unused_since[key] = time.monotonic()
+
+    def evict_idle(self, now: float | None = None) -> int:
+        """Drop the services no connection has used for `service_idle_s`: their threads end, and a model no
+        remaining service runs is released. Returns how many were dropped."""
+        now = time.monotonic() if now is None else now
+        with self._services_lock:
+            idle = [key for key, since in self._unused_since.items()
+                    if not self._users.get(key) and now - since >= self.settings.service_idle_s]
+            evicted = [self._services.pop(key) for key in idle if key in self._services]
+            for key in idle:
+                self._unused_since.pop(key, None)
+                self._users.pop(key, None)
+            for service in evicted:
+                self._decode_choices.pop(id(service), None)
+                for job in [job for job, used in self._job_services.items() if used is service]:
+                    del self._job_services[job]
+            running = {id(service.runner) for service in self._services.values()}
+            dropped = [service.runner for service in evicted if id(service.runner) not in running]
+            self._registry.drop(dropped)
+        for service in evicted:
+            service.close()
+            log.info("dropped %s (batch size %d): no connection used it for %.0f s", service.runner.endpoint.source,
+                     service.target_rows, self.settings.service_idle_s)
+        if dropped and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return len(evicted)
+
+    def retire(self, reason: str) -> None:
+        """The device is unusable (a sticky error): stop taking connections and exit once the queued replies
+        are out, leaving the log, so that the next task starts a new sidecar on a fresh device context."""
+        with self._activity_lock:
+            if self._retired is None:
+                self._retired = reason
+                log.error("retiring: the device is unusable: %s", reason)
+        self._stop.set()
 
     # --- main thread ---
 
@@ -310,27 +412,59 @@ class SidecarServer:
         listener = self._listen()
         final = True  # no task can ask for this sidecar again: its executor is gone, or the driver stopped it
         try:
+            for fault in injected_start_faults():  # a test's fault injection; none in real use
+                log.warning("fault injection on (%s)", fault)
             self._write_info()
+            self._release_start_lock()
             log.info("serving on %s (device %s, pid %d)", self.settings.socket_path, self.device, os.getpid())
             while not self._stop.is_set():
                 try:
                     sock, _ = listener.accept()
                 except TimeoutError:
+                    self.evict_idle()
                     reason, final = self._exit_reason()
                     if reason:
                         log.info("exiting: %s", reason)
                         return
                     continue
+                conn = Connection(sock, self)
                 with self._activity_lock:
-                    self._connections += 1
+                    self._connections.add(conn)
                     self._last_activity = time.monotonic()
                 sock.settimeout(None)
-                threading.Thread(target=Connection(sock, self).serve, name="connection", daemon=True).start()
-            log.info("exiting: asked to stop")
-            final = True
+                threading.Thread(target=conn.serve, name="connection", daemon=True).start()
+            if self._retired is not None:
+                final = False  # tasks come back for this key: keep the lock, and the log for the post-mortem
+                self._drain(RETIRE_GRACE_S)
+                log.info("exiting: the device is unusable")
+            else:
+                log.info("exiting: asked to stop")
+                final = True
         finally:
             listener.close()
             self._remove_files(final)
+
+    @property
+    def retired(self) -> bool:
+        return self._retired is not None
+
+    def _drain(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for every connection's queued replies to go out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._activity_lock:
+                connections = list(self._connections)
+            if all(conn.drained() for conn in connections):
+                return
+            time.sleep(0.05)
+
+    def _release_start_lock(self) -> None:
+        """The info file is out: the starter's lock, held for us since the start (launcher.py), may go."""
+        if self.settings.lock_fd is not None:
+            try:
+                os.close(self.settings.lock_fd)
+            except OSError:
+                pass
 
     def _remove_files(self, final: bool) -> None:
         """Socket and info always; the start lock and the log too when no task can come back for this key
@@ -383,7 +517,7 @@ class SidecarServer:
         if watch is not None and not is_alive(watch):
             return f"executor process {watch.pid} is gone", True
         with self._activity_lock:
-            idle = self._connections == 0 and time.monotonic() - self._last_activity > self.settings.idle_timeout_s
+            idle = not self._connections and time.monotonic() - self._last_activity > self.settings.idle_timeout_s
         return (f"idle for {self.settings.idle_timeout_s:.0f} s" if idle else None), False
 
 
@@ -392,3 +526,7 @@ def run(settings: SidecarSettings) -> None:
     signal.signal(signal.SIGTERM, server.stop)
     signal.signal(signal.SIGINT, server.stop)
     server.serve_forever()
+    if server.retired:
+        # No exit handlers: with the device unusable, torch's own could hang on it.
+        logging.shutdown()
+        os._exit(EXIT_RETIRED)

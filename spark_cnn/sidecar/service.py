@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +35,10 @@ from spark_cnn.sidecar.batcher import Slice
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
 from spark_cnn.sidecar.reply import reply_batch
-from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, is_out_of_memory
+from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, failure_kind, is_out_of_memory
 from spark_cnn.sidecar.work_queue import WorkQueue
 from spark_cnn.task import protocol
-from spark_cnn.task.protocol import Kind
+from spark_cnn.task.protocol import ErrorKind, Kind
 
 log = logging.getLogger("spark_cnn.sidecar")
 
@@ -59,10 +60,11 @@ class InferRequest:
 
     `row_errors` holds, when the sidecar decoded the images itself, an error (or None) per request row;
     `pixels` then holds only the rows that decoded, and the reply puts the failed rows in their places.
+    A request is answered exactly once: the first of `reply` and `fail` to claim it sends; later ones do nothing.
     """
 
     __slots__ = ("conn", "request_id", "job", "pixels", "rows", "row_errors", "arrived", "chunks", "done_rows",
-                 "failed", "_fail_lock")
+                 "answered", "_claim_lock")
 
     def __init__(self, conn, request_id: int, job: str, pixels, row_errors: list | None = None):
         self.conn, self.request_id, self.job, self.pixels = conn, request_id, job, pixels
@@ -71,8 +73,8 @@ class InferRequest:
         self.arrived = time.monotonic()
         self.chunks: list[dict] = []
         self.done_rows = 0
-        self.failed = False
-        self._fail_lock = threading.Lock()  # two stages may fail two batches of one split request at once
+        self.answered = False
+        self._claim_lock = threading.Lock()  # two stages may fail two batches of one split request at once
 
     def gather(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """Outputs for the next rows of this request; all its outputs once every row has them, else None."""
@@ -86,16 +88,31 @@ class InferRequest:
         return merged
 
     def reply(self, outputs: dict[str, np.ndarray], schema: pa.Schema) -> None:
-        """RESULT: one `schema` row per request row (reply.py), `outputs` being those of the decoded rows."""
-        batch = reply_batch(outputs, self.row_errors, schema)
-        self.conn.send(Kind.RESULT, self.request_id, protocol.encode_outputs(batch))
+        """RESULT: one `schema` row per request row (reply.py), `outputs` being those of the decoded rows. Built
+        before the request is claimed, so a reply that cannot be built leaves the request to `fail`."""
+        payload = protocol.encode_outputs(reply_batch(outputs, self.row_errors, schema))
+        if not self._claim():
+            return
+        try:
+            self.conn.send(Kind.RESULT, self.request_id, payload)
+        except Exception:
+            with self._claim_lock:  # it did not go out: the request is still to be answered, by `fail`
+                self.answered = False
+            raise
 
-    def fail(self, message: str) -> None:
-        with self._fail_lock:
-            if self.failed:
-                return
-            self.failed = True
-        self.conn.send_json(Kind.ERROR, self.request_id, {"message": message})
+    def fail(self, message: str, kind: ErrorKind) -> bool:
+        """ERROR of `kind` for this request, unless it was answered already; whether this call answered it."""
+        if not self._claim():
+            return False
+        self.conn.send_json(Kind.ERROR, self.request_id, protocol.error_reply(message, kind))
+        return True
+
+    def _claim(self) -> bool:
+        with self._claim_lock:
+            if self.answered:
+                return False
+            self.answered = True
+            return True
 
 
 def _concat(parts: list):
@@ -115,8 +132,10 @@ class ModelService:
 
     def __init__(self, runner: ModelRunner, target_rows: int, stats: JobStats, *,
                  max_delay_s: float = MAX_BATCH_DELAY_S, max_queued_batches: int = MAX_QUEUED_BATCHES,
-                 tuner: OnlineTuner | None = None, compute_workers: int = 1):
+                 tuner: OnlineTuner | None = None, compute_workers: int = 1,
+                 on_sticky: Callable[[str], None] | None = None):
         self.runner = runner
+        self.on_sticky = on_sticky  # told, once per failed batch, when the device became unusable
         self.stats = stats
         self.tuner = tuner
         self.compute_workers = max(1, compute_workers)
@@ -126,6 +145,7 @@ class ModelService:
         self._staged_slots = threading.Semaphore(STAGED_AHEAD + self.compute_workers - 1)
         self._computed: queue.Queue = queue.Queue(COMPUTED_AHEAD + self.compute_workers - 1)
         self._sequence = itertools.count()  # batch numbers, in assembly order (only the assembler draws them)
+        self._closing = threading.Event()
         loops = [self._assemble_loop, *[self._compute_loop] * self.compute_workers, self._deliver_loop]
         self._threads = [threading.Thread(target=loop, name=f"{loop.__name__.strip('_')}", daemon=True)
                          for loop in loops]
@@ -143,12 +163,23 @@ class ModelService:
             return
         self.queue.put(request, request.rows)
 
+    def close(self, timeout_s: float = POLL_S * 4) -> bool:
+        """Stop the pipeline threads once the queue is drained (an evicted, idle service); whether they ended."""
+        self._closing.set()
+        self.queue.close()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
+
     def _assemble_loop(self) -> None:
         while True:
             self._staged_slots.acquire()
             batch = self.queue.get_batch(timeout=POLL_S)
             if not batch:
                 self._staged_slots.release()
+                if self._closing.is_set():
+                    break
                 continue
             now = time.monotonic()
             for s in batch:
@@ -163,10 +194,16 @@ class ModelService:
                 self._computed.put((number, None, None, None))  # the deliverer must not wait for this number
                 continue
             self._staged.put((number, batch, staged))
+        for _ in range(self.compute_workers):
+            self._staged.put(None)  # one end mark per compute thread
 
     def _compute_loop(self) -> None:
         while True:
-            number, batch, staged = self._staged.get()
+            item = self._staged.get()
+            if item is None:
+                self._computed.put(None)
+                return
+            number, batch, staged = item
             self._staged_slots.release()
             started = time.perf_counter()
             try:
@@ -202,18 +239,29 @@ class ModelService:
         return Pending({k: torch.cat([p.outputs[k] for p in parts]) for k in parts[0].outputs})
 
     def _in_order(self):
-        """Computed batches in assembly order (compute threads may finish them out of order)."""
+        """Computed batches in assembly order (compute threads may finish them out of order); None once every
+        compute thread has ended."""
         waiting: list = []
         expected = 0
+        ended = 0
         while True:
             item = self._computed.get()
+            if item is None:
+                ended += 1
+                if ended == self.compute_workers:
+                    yield None
+                    return
+                continue
             heapq.heappush(waiting, (item[0], id(item), item))
             while waiting and waiting[0][0] == expected:
                 yield heapq.heappop(waiting)[2]
                 expected += 1
 
     def _deliver_loop(self) -> None:
-        for _, batch, pending, started in self._in_order():
+        for item in self._in_order():
+            if item is None:
+                return  # closed (evicted)
+            _, batch, pending, started = item
             if pending is None:
                 continue  # failed upstream; its requests have their errors already
             try:
@@ -221,22 +269,23 @@ class ModelService:
             except Exception as e:
                 self._fail(batch, e)
                 continue
-            try:
-                job_rows: Counter = Counter()
-                for s in batch:
-                    job_rows[s.request.job] += s.rows
-                rows, elapsed = sum(job_rows.values()), time.perf_counter() - started
-                self.stats.batch(job_rows, rows, elapsed)
-                offset = 0
-                for s in batch:
-                    if not s.request.failed:
+            job_rows: Counter = Counter()
+            for s in batch:
+                job_rows[s.request.job] += s.rows
+            rows, elapsed = sum(job_rows.values()), time.perf_counter() - started
+            self.stats.batch(job_rows, rows, elapsed)
+            offset = 0
+            for s in batch:
+                if not s.request.answered:
+                    # One request's reply failing (outputs that do not fit, a connection that refuses it)
+                    # fails that request only: the others of the batch keep their one reply each.
+                    try:
                         done = s.request.gather({k: v[offset:offset + s.rows] for k, v in outputs.items()})
                         if done is not None:
                             s.request.reply(done, self.runner.reply_schema)
-                    offset += s.rows
-            except Exception as e:  # e.g. outputs that cannot be encoded: this thread must live on
-                self._fail(batch, e)
-                continue
+                    except Exception as e:
+                        self._fail([s], e, rows=rows)
+                offset += s.rows
             self._tune(rows, elapsed)
 
     def _tune(self, rows: int, elapsed_s: float) -> None:
@@ -249,11 +298,15 @@ class ModelService:
                      tuner.summary()["observed_images_per_s"])
             self.queue.set_target(tuner.target)
 
-    def _fail(self, batch: list[Slice], error: Exception) -> None:
-        """A failed batch fails its requests, never the sidecar."""
-        rows = sum(s.rows for s in batch)
-        log.error("batch of %d rows failed: %s: %s", rows, type(error).__name__, error)
+    def _fail(self, batch: list[Slice], error: Exception, rows: int | None = None) -> None:
+        """A failed batch fails its requests that have no reply yet, never the sidecar; the ERROR names who
+        failed (runner.failure_kind). A sticky device error also tells `on_sticky`, which retires the sidecar."""
+        rows = sum(s.rows for s in batch) if rows is None else rows
+        kind = failure_kind(error)
+        log.error("batch of %d rows failed (%s): %s: %s", rows, kind.value, type(error).__name__, error)
+        message = f"failed on a batch of {rows}: {type(error).__name__}: {error}"
         for s in batch:
-            if not s.request.failed:
+            if s.request.fail(message, kind):
                 self.stats.error(s.request.job)
-            s.request.fail(f"model failed on a batch of {rows}: {type(error).__name__}: {error}")
+        if kind == ErrorKind.STICKY and self.on_sticky is not None:
+            self.on_sticky(message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from pyspark.sql import SparkSession
@@ -17,6 +18,11 @@ ARROW_MAX_BYTES_PER_BATCH = 64 << 20
 # shared by few; at 256 KB partitions hold ~440 images and the per-image JVM and worker CPU halves
 # (docs/benchmarks.md). Large datasets still split at maxPartitionBytes (128 MB).
 IMAGE_FILE_OPEN_COST_BYTES = 256 << 10
+# Attempts per task under a local master: Spark's cluster default (spark.task.maxFailures), which local masters
+# ignore (they allow one attempt unless the master says `local[N,F]`). A task fails on purpose when its sidecar
+# hangs, dies past the failover's bound or hits a device error; its retry runs on a new sidecar.
+LOCAL_TASK_MAX_FAILURES = 4
+_LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)\])?")
 LOG4J2_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 
 
@@ -31,7 +37,7 @@ def spark_session(*, master: str | None = None, app_name: str = "spark_cnn", qui
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
-        builder = builder.master(master)
+        builder = builder.master(with_task_retries(master))
     settings = {
         "spark.pyspark.python": python,
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(ARROW_MAX_RECORDS_PER_BATCH),
@@ -46,3 +52,16 @@ def spark_session(*, master: str | None = None, app_name: str = "spark_cnn", qui
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def with_task_retries(master: str) -> str:
+    """`local` and `local[N]` as `local[N,F]` with F = LOCAL_TASK_MAX_FAILURES, so a failed task is retried as
+    on a cluster; other masters (a given `local[N,F]`, `local-cluster`, clusters) as they are.
+
+    >>> with_task_retries("local[2]")
+    'local[2,4]'
+    """
+    match = _LOCAL_MASTER.fullmatch(master.strip())
+    if match is None:
+        return master
+    return f"local[{match.group(1) or 1},{LOCAL_TASK_MAX_FAILURES}]"

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
+from spark_cnn.errors import SidecarError, SidecarFault, SidecarHung, SidecarLost
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
-from spark_cnn.task.protocol import Kind
+from spark_cnn.task.protocol import ErrorKind, Kind
 from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
 
 # A reply slower than this means the sidecar hangs; the task fails and Spark retries it. A request waits behind
@@ -30,6 +30,10 @@ REPLY_TIMEOUT_S = 300.0
 DEFAULT_REQUEST_ROWS = 16
 # Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
 DEFAULT_MAX_IN_FLIGHT = 4
+
+
+class RequestFailed(SidecarError):
+    """The sidecar refused one request for its own input (ErrorKind.REQUEST): its rows carry the message."""
 
 
 class Closing(contextlib.AbstractContextManager):
@@ -84,17 +88,25 @@ class SidecarClient(Closing):
         self._send(Kind.INFER, request_id, payload)
         return request_id
 
-    def receive(self) -> tuple[int, pa.RecordBatch | SidecarError]:
-        """The next reply: (request id, outputs) or (request id, the error the sidecar reported for it)."""
+    def receive(self) -> tuple[int, pa.RecordBatch | RequestFailed]:
+        """The next reply: (request id, outputs) or (request id, RequestFailed) when the sidecar refused that
+        request's input. Raises SidecarFault when the model, the device or the sidecar failed it."""
         frame = self._recv()
         if frame.kind == Kind.RESULT:
             return frame.request_id, protocol.decode_outputs(frame.payload)
         if frame.kind == Kind.ERROR:
-            error = SidecarError(f"sidecar at {self.socket_path}: {_message(frame)}")
             if frame.request_id == protocol.CONNECTION_REQUEST_ID:
-                raise error
-            return frame.request_id, error
+                raise SidecarError(f"sidecar at {self.socket_path}: {_message(frame)}")
+            kind = _error_kind(frame)
+            if kind == ErrorKind.REQUEST:
+                return frame.request_id, RequestFailed(f"sidecar at {self.socket_path}: {_message(frame)}")
+            raise self._fault(kind, _message(frame))
         raise SidecarError(f"unexpected {frame.kind.name} reply from the sidecar at {self.socket_path}")
+
+    def _fault(self, kind: ErrorKind, message: str) -> SidecarFault:
+        error = SidecarFault(f"{kind.value} failure in the {self.describe()}: {message}")
+        error.kind, error.pid, error.socket_path = kind, self.pid, self.socket_path
+        return error
 
     def stats(self, job: str) -> dict:
         """Counters of this sidecar for `job`. Call with no request in flight."""
@@ -140,7 +152,7 @@ def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | l
                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Iterator[tuple[Any, Any]]:
     """Send each item's images with up to `max_in_flight` requests outstanding; yield (key, reply) in order.
 
-    The reply is a RecordBatch of outputs or a SidecarError for that request. Items with `None` images carry
+    The reply is a RecordBatch of outputs or a RequestFailed for that request. Items with `None` images carry
     no work and pass through in order with a `None` reply (markers, e.g. the end of a Spark batch). `items` is
     pulled lazily, so producing the next item (decoding) overlaps with the sidecar's work on earlier ones.
     """
@@ -170,6 +182,13 @@ def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | l
         in_flight -= 1
         yield from drain_ready_head()
     yield from drain_ready_head()
+
+
+def _error_kind(frame: protocol.Frame) -> ErrorKind:
+    try:
+        return protocol.error_kind(frame.json())
+    except ValueError:
+        return ErrorKind.SIDECAR
 
 
 def _message(frame: protocol.Frame) -> str:

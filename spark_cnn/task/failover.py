@@ -6,7 +6,10 @@ and starts a new one (`launcher.ensure_sidecar`), and sends every request still 
 A request is in flight from its send until its reply is taken, so each gets exactly one reply: nothing is
 lost and nothing is answered twice. A hung sidecar (no reply within the request timeout) is different: the
 task cannot tell a slow model from a stuck one, so it stops that sidecar (so no attempt reuses it) and fails
-with a message that names it; Spark's task retry then starts on a new sidecar.
+with a message that names it; Spark's task retry then starts on a new sidecar. A sidecar killed while it
+starts (the OOM killer, while it imports torch) is started again, within the same bound. A model or device
+failure (SidecarFault) fails the task as it is; after a sticky device error the task also stops that sidecar,
+so the retry runs on a fresh device context.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import numpy as np
 import pyarrow as pa
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
-from spark_cnn.task.client import Closing, SidecarClient
+from spark_cnn.task.client import Closing, SidecarClient, SidecarFault
 from spark_cnn.task.launcher import retire_sidecar
 from spark_cnn.task.procs import process_id
+from spark_cnn.task.protocol import ErrorKind
 
 log = logging.getLogger("spark_cnn.failover")
 
@@ -82,7 +86,14 @@ class FailoverClient(Closing):
                 continue
             except SidecarHung as e:
                 raise _retired(e) from e
-            request_id = self._ours.pop(wire_id)
+            except SidecarFault as e:
+                if e.kind == ErrorKind.STICKY:
+                    raise _retired_after_fault(e) from e
+                raise
+            request_id = self._ours.pop(wire_id, None)
+            if request_id is None:  # a second reply, or one for a request never sent: the stream cannot be trusted
+                raise SidecarError(f"the {self._client.describe()} replied to request {wire_id}, which has no "
+                                   "request waiting; the task fails so that Spark retries it")
             del self._in_flight[request_id]
             return request_id, reply
 
@@ -129,6 +140,16 @@ class FailoverClient(Closing):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _retired_after_fault(error: SidecarFault) -> SidecarFault:
+    """Stop a sidecar whose device is unusable (it retires itself too); the error to raise, naming the cause."""
+    pid, socket_path = getattr(error, "pid", None), getattr(error, "socket_path", None)
+    if pid and socket_path:
+        retire_sidecar(process_id(pid), socket_path, str(error))
+    fault = SidecarFault(f"{error}; the sidecar is stopped so that the task's retry starts a new one")
+    fault.kind, fault.pid, fault.socket_path = error.kind, pid, socket_path
+    return fault
 
 
 def _retired(error: SidecarHung) -> SidecarHung:

@@ -30,7 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from spark_cnn.errors import SidecarError
+from spark_cnn.errors import SidecarError, SidecarLost
 from spark_cnn.task import procs
 from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
 from spark_cnn.task.sidecar_env import sidecar_environment
@@ -44,6 +44,11 @@ POLL_INTERVAL_S = 0.05
 # A sidecar with no client for this long exits: long enough to stay warm between the jobs of a notebook
 # session, short enough not to hold a device for long after an application ends without killing its executors.
 DEFAULT_IDLE_TIMEOUT_S = 300.0
+
+
+class SidecarKilledStarting(SidecarLost):
+    """The sidecar was killed by a signal before it published its info file (the OOM killer, while it imports
+    torch): not the sidecar's verdict on its options, so starting it again may work (task/failover.py)."""
 
 
 @dataclass(frozen=True)
@@ -182,17 +187,21 @@ def retire_sidecar(process: ProcessId, socket_path: str, reason: str, timeout_s:
 
 
 def ensure_sidecar(options: LaunchOptions, executor: ExecutorProcess | None = None) -> SidecarInfo:
-    """The running sidecar of this task's executor, started first if needed (one starter, chosen by a lock)."""
+    """The running sidecar of this task's executor, started first if needed (one starter, chosen by a lock).
+
+    The lock covers the whole start: the sidecar inherits it and lets it go only once its info file is out,
+    so a task killed while its sidecar starts leaves the lock held by that child, and the next task waits for
+    it and uses it instead of starting a second one beside it."""
     executor = executor or find_executor_jvm()
     base = os.path.join(runtime_dir(), sidecar_name(options.app_id, executor, options.device))
     info = SidecarInfo.read(base + ".json")
     if _live(info):
         return info
-    with _file_lock(base + ".lock", START_TIMEOUT_S):
+    with _file_lock(base + ".lock", START_TIMEOUT_S) as lock_fd:
         info = SidecarInfo.read(base + ".json")  # another task may have started it while we waited
         if _live(info):
             return info
-        return _start(base, options, executor)
+        return _start(base, options, executor, lock_fd)
 
 
 @contextmanager
@@ -208,27 +217,30 @@ def _file_lock(path: str, timeout_s: float):
                 if time.monotonic() > deadline:
                     raise SidecarError(f"waited {timeout_s:.0f} s for the sidecar start lock {path}") from None
                 time.sleep(POLL_INTERVAL_S)
-        yield
+        yield fd
     finally:
-        os.close(fd)  # closing releases the lock
+        os.close(fd)  # closing releases the lock (once a sidecar that inherited it has closed its copy too)
 
 
-def _start(base: str, options: LaunchOptions, executor: ExecutorProcess) -> SidecarInfo:
+def _start(base: str, options: LaunchOptions, executor: ExecutorProcess, lock_fd: int) -> SidecarInfo:
     for stale in (base + ".json", base + ".sock"):
         if os.path.exists(stale):
             os.unlink(stale)
     cmd = [sys.executable, "-m", "spark_cnn.sidecar", "--socket", base + ".sock", "--info", base + ".json",
            "--device", options.device, "--idle-timeout", str(options.idle_timeout_s),
            "--watch-pid", str(executor.process.pid), "--watch-start-time", str(executor.process.start_time),
-           "--app-id", options.app_id, "--executor-id", executor.executor_id]
+           "--app-id", options.app_id, "--executor-id", executor.executor_id, "--lock-fd", str(lock_fd)]
     if options.threads:
         cmd += ["--threads", str(options.threads)]
     with open(base + ".log", "ab") as log_file:
         # A new session: the sidecar outlives the Python worker that started it, and signals to the worker's
         # process group do not reach it. It ends with its executor (watched pid) or when idle.
         # malloc settings that keep freed memory: no fresh pages per batch (spark_cnn.task.sidecar_env).
+        # It inherits the start lock (the same open file, so the same flock) and closes it once it has
+        # published its info file: the lock stays held if this task dies first.
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=sidecar_environment())
+                                start_new_session=True, close_fds=True, pass_fds=(lock_fd,),
+                                env=sidecar_environment())
     threading.Thread(target=proc.wait, name="sidecar-reaper", daemon=True).start()  # no zombie if it exits first
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -236,6 +248,9 @@ def _start(base: str, options: LaunchOptions, executor: ExecutorProcess) -> Side
         if info is not None and info.pid == proc.pid:
             return info
         if proc.poll() is not None:
+            if proc.returncode < 0:
+                raise SidecarKilledStarting(f"the sidecar was killed by signal {-proc.returncode} while starting "
+                                            f"(out of memory?); its log {base}.log ends with: {_tail(base + '.log')}")
             raise SidecarError(f"the sidecar exited with code {proc.returncode} while starting; "
                                f"its log {base}.log ends with: {_tail(base + '.log')}")
         time.sleep(POLL_INTERVAL_S)

@@ -12,7 +12,7 @@ import json
 import socket
 import struct
 from dataclasses import asdict, dataclass, fields
-from enum import IntEnum
+from enum import Enum, IntEnum
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +28,33 @@ class Kind(IntEnum):
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode)}
     INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row) or "encoded" (file bytes)
     RESULT = 4       # sidecar -> client, Arrow: one row per request row, same order (schema.reply_schema)
-    ERROR = 5        # sidecar -> client, JSON: {"message"}; request id 0 means the whole connection failed
+    ERROR = 5        # sidecar -> client, JSON: {"message", "kind": ErrorKind}; request id 0: the connection failed
     STATS = 6        # client -> sidecar, JSON: {"job"}
     STATS_REPLY = 7  # sidecar -> client, JSON: sidecar identity and counters for that job
+
+
+class ErrorKind(str, Enum):
+    """What an ERROR reply blames: only REQUEST is the request's own input; every other kind fails the task."""
+
+    REQUEST = "request"  # this request (its payload, its images): its rows carry the error
+    MODEL = "model"      # the model raised, or returned outputs that do not fit its rows
+    DEVICE = "device"    # the device failed this batch (out of memory at one image); the device still works
+    STICKY = "sticky"    # the device is unusable until its process exits (a CUDA error): the sidecar retires
+    SIDECAR = "sidecar"  # the sidecar could not build or send the reply
+
+
+def error_reply(message: str, kind: ErrorKind) -> dict:
+    """An ERROR's JSON payload."""
+    return {"message": message, "kind": kind.value}
+
+
+def error_kind(data: object) -> ErrorKind:
+    """The kind an ERROR payload names; one that names none or an unknown one is the sidecar's fault, so a
+    sidecar that cannot say what failed fails the task rather than writing error rows."""
+    try:
+        return ErrorKind(data.get("kind")) if isinstance(data, dict) else ErrorKind.SIDECAR
+    except ValueError:
+        return ErrorKind.SIDECAR
 
 
 HEADER = struct.Struct("!BQQ")  # kind, request id, payload length

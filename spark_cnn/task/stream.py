@@ -4,7 +4,9 @@ Each task decodes its images to uint8 pixels (Spark runs tasks in parallel proce
 cores) or, with `decode` set to `sidecar` or `gpu`, sends the files for the sidecar to decode. Requests of a
 few rows go to the executor's sidecar with several in flight, and the replies become output rows: one row
 per input row, in input order (each reply row at its input position), with `error` set where an image
-failed. No torch here: tasks stay light.
+failed. Only an image's own fault (undecodable, too large, a guard rail, a request the sidecar refused for its
+input) is a row's error; a model, device or sidecar fault (client.SidecarFault) fails the task, whatever
+`on_error` says, so Spark retries it and the job fails when the retries run out. No torch here: tasks stay light.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from spark_cnn.task.client import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_REQUEST_ROWS,
     REPLY_TIMEOUT_S,
+    RequestFailed,
     SidecarClient,
     map_ordered,
     sidecar_key,
@@ -161,10 +164,12 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
         for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
             if rows is None:
                 yield state
-            elif isinstance(reply, SidecarError):
+            elif isinstance(reply, RequestFailed):  # the request's own input: its rows carry the error
                 if plan.on_error == "fail":
                     raise SidecarError(f"{state.paths[rows[0]]} (and {len(rows) - 1} more): {reply}")
                 state.replies.append((rows, failed_rows([str(reply)] * len(rows), _reply_schema(plan))))
+            elif not isinstance(reply, pa.RecordBatch):  # a model, device or sidecar fault is never a row
+                raise SidecarError(f"unexpected reply {reply!r} for {state.paths[rows[0]]}; the task fails")
             else:
                 _take_reply(plan, state, rows, reply)
         if stats_accumulator is not None:

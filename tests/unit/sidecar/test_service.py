@@ -566,3 +566,71 @@ def test_parallel_compute_threads_deliver_split_requests_exactly_and_in_order():
             check_traceable(conn.result(request_id), row_ids(pixels))
     assert runner.max_concurrent >= 2  # batches really were computed side by side
     assert stats.snapshot(JOB)["errors"] == 0
+
+
+# --- who a failure blames, and one reply per request ---------------------------------------------------------------
+
+STICKY_ROW = 252  # a row of all 252s makes the fake model raise a CUDA error that leaves the device unusable
+
+
+class StickyRunner(FakeRunner):
+    def forward(self, staged: Staged) -> Pending:
+        if bool((staged.pixels.reshape(len(staged.pixels), -1) == STICKY_ROW).all(dim=1).any()):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().forward(staged)
+
+
+def test_errors_name_what_failed_model_device_or_a_sticky_device():
+    retired: list[str] = []
+    service = ModelService(StickyRunner(), 4, JobStats(), max_delay_s=0.0, on_sticky=retired.append)
+    conn = RecordingConnection()
+
+    submit_all(service, conn, {1: marker_rows(POISON)})
+    assert conn.wait_for(1)
+    submit_all(service, conn, {2: marker_rows(OOM_ROW)})  # out of memory at one image: nothing left to halve
+    assert conn.wait_for(2)
+    assert not retired
+    submit_all(service, conn, {3: marker_rows(STICKY_ROW)})
+    assert conn.wait_for(3)
+
+    kinds = {request_id: conn.only_reply(request_id)[1]["kind"] for request_id in (1, 2, 3)}
+    assert kinds == {1: "model", 2: "device", 3: "sticky"}
+    assert len(retired) == 1 and "illegal memory access" in retired[0], retired
+
+
+class RefusingConnection(RecordingConnection):
+    """Delivery of request `refuse`'s RESULT fails (as sending to a broken client would); ERRORs still go out."""
+
+    def __init__(self, refuse: int):
+        super().__init__()
+        self.refuse = refuse
+
+    def send(self, kind: Kind, request_id: int, payload=b"") -> None:
+        if kind == Kind.RESULT and request_id == self.refuse:
+            raise BrokenPipeError("the client went away")
+        super().send(kind, request_id, payload)
+
+
+def test_a_delivery_failure_after_another_requests_reply_gives_each_request_one_reply():
+    service = ModelService(FakeRunner(), 8, JobStats(), max_delay_s=30.0)  # one full batch of both requests
+    conn = RefusingConnection(refuse=2)
+
+    submit_all(service, conn, {1: id_rows([1, 2, 3, 4]), 2: id_rows([5, 6, 7, 8])})
+    assert conn.wait_for(2)
+    submit_all(service, conn, {3: id_rows(range(10, 18))})  # the pipeline lives on
+    assert conn.wait_for(3)
+
+    check_traceable(conn.result(1), [1, 2, 3, 4])  # its RESULT went out first; no ERROR after it
+    assert "BrokenPipeError" in conn.error(2)
+    check_traceable(conn.result(3), range(10, 18))
+    assert conn.count == 3
+
+
+def test_close_ends_the_pipeline_threads():
+    service = ModelService(FakeRunner(), 4, JobStats(), max_delay_s=0.0, compute_workers=2)
+    conn = RecordingConnection()
+    submit_all(service, conn, {1: id_rows([1, 2, 3])})
+    assert conn.wait_for(1)
+
+    assert service.close(timeout_s=JOIN_S)
+    assert not any(thread.is_alive() for thread in service._threads)

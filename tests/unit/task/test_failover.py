@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
-from spark_cnn.task.client import map_ordered
+from spark_cnn.task.client import SidecarFault, map_ordered
 from spark_cnn.task.failover import FailoverClient
+from spark_cnn.task.launcher import SidecarKilledStarting
+from spark_cnn.task.protocol import ErrorKind
 
 
 class FakeConnection:
@@ -37,6 +39,9 @@ class FakeConnection:
 
     def stats(self, job: str) -> dict:
         return {"job": job}
+
+    def describe(self) -> str:
+        return f"sidecar at {self.socket_path}"
 
     def close(self) -> None:
         pass
@@ -76,3 +81,62 @@ def test_a_hang_is_not_retried_in_the_task():
     with pytest.raises(SidecarHung, match="did not answer within 1 s; it is gone already"):
         list(map_ordered(client, [(0, "r0")]))
     assert client.reconnects == 0
+
+
+class RepeatingConnection(FakeConnection):
+    """Answers its first request twice, as a sidecar that sent two replies for one request would."""
+
+    def receive(self):
+        if self.replied == 1:
+            self.replied += 1
+            return 11, "a second reply"  # the first request's id again
+        return super().receive()
+
+
+def test_a_second_reply_for_one_request_fails_the_task_naming_it():
+    client = FailoverClient(connector([RepeatingConnection([])]))
+
+    with pytest.raises(SidecarError, match="replied to request 11, which has no request waiting"):
+        list(map_ordered(client, [(0, "r0"), (1, "r1")], max_in_flight=1))
+
+
+class FaultingConnection(FakeConnection):
+    """Fails its first request with a model or device fault, as SidecarClient.receive raises it."""
+
+    def __init__(self, log: list, kind: ErrorKind):
+        super().__init__(log)
+        self.kind = kind
+
+    def receive(self):
+        error = SidecarFault(f"{self.kind.value} failure in the sidecar at /nowhere.sock: RuntimeError: boom")
+        error.kind, error.pid, error.socket_path = self.kind, None, self.socket_path
+        raise error
+
+
+@pytest.mark.parametrize("kind", [ErrorKind.MODEL, ErrorKind.DEVICE, ErrorKind.STICKY])
+def test_a_model_or_device_fault_fails_the_task_without_reconnecting(kind):
+    log: list = []
+    client = FailoverClient(connector([FaultingConnection(log, kind), FakeConnection(log)]))
+
+    with pytest.raises(SidecarFault, match=f"{kind.value} failure in the sidecar") as raised:
+        list(map_ordered(client, [(0, "r0")]))
+    assert client.reconnects == 0
+    assert ("stopped so that the task's retry starts a new one" in str(raised.value)) == (kind == ErrorKind.STICKY)
+
+
+def test_a_sidecar_killed_while_starting_is_started_again_within_the_bound():
+    attempts: list[str] = []
+
+    def connect():
+        attempts.append("start")
+        if len(attempts) <= 2:
+            raise SidecarKilledStarting("the sidecar was killed by signal 9 while starting (out of memory?)")
+        return FakeConnection([])
+
+    client = FailoverClient(connect, max_reconnects=3)
+    assert list(map_ordered(client, [(0, "r0")])) == [(0, "reply to r0")]
+    assert len(attempts) == 3
+
+    with pytest.raises(SidecarError, match="gave up after 2 attempts.*killed by signal 9 while starting"):
+        FailoverClient(lambda: (_ for _ in ()).throw(SidecarKilledStarting(
+            "the sidecar was killed by signal 9 while starting (out of memory?)")), max_reconnects=1)
