@@ -148,8 +148,8 @@ def _visible_files(spark: SparkSession, input_uri: str) -> Iterator[str]:
 def read_images(spark: SparkSession, input_uri: str, *, glob: str | None = None, content: bool = True) -> DataFrame:
     """Every visible file under `input_uri` (recursively; names matching `glob`), as (path, content),
     including zero-byte files. `content=False`: a null `content`, so Spark lists the files without reading
-    them (binaryFile reads a file only when its content column is used) and the task reads `path` itself; local
-folders are then listed here instead (`local_files`)."""
+    them (binaryFile reads a file only when its content column is used) and the task reads `path` itself; a
+    local folder is then listed by `local_files` instead of Spark."""
     local = local_path(input_uri)
     if local is not None and not content:
         return local_files(spark, local, glob=glob)
