@@ -33,7 +33,7 @@ from spark_cnn.formats.encodings import ENCODED
 from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.classify_job import SUMMARY_FILE
 from spark_cnn.spark.executor import SPARK_TASK
-from spark_cnn.spark.job_io import check_paths, job_session, task_error
+from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, task_error
 from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
 from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
@@ -53,6 +53,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
     job = config.classify
     options = job.inference
     input_uri, output_uri, checkpoint_uri = to_uri(job.input), to_uri(job.output), to_uri(config.checkpoint)
+    check_local_paths(input_uri, output_uri, True, checkpoint_uri=checkpoint_uri)  # appends: OUTPUT may exist
     input_path = local_path(input_uri)
     if input_path is not None and not os.path.isdir(input_path):
         raise InputError(f"input {input_path} is not a folder: the ETL job watches a folder for new images")
@@ -61,7 +62,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
     with job_session(spark, master=job.master, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
         app_id = spark.sparkContext.applicationId
         fs = HadoopFS(spark)
-        check_paths(fs, input_uri, None, True, input_name=job.input)
+        check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
         source = new_images(spark, input_uri, job.inputs, config.max_files_per_trigger)
         plan = start_inference(spark, options, model, source=source)
         stats = spark.sparkContext.accumulator({}, SidecarStatsParam())

@@ -1,10 +1,17 @@
 """What every batch job (classify, embed, to-petastorm, etl) does around its Spark work: check its paths before
 any work, own or borrow the session, stage the output and publish it by a rename, and turn a task's failure
 back into the error the task raised.
+
+Publishing with `--overwrite` never deletes before the new output is in place: the old output is renamed to a
+hidden sibling `.NAME.spark_cnn-JOB.old`, the staged one renamed in, then the old one deleted. A run killed
+between those steps leaves the old output under that name; the next job writing the same OUTPUT finds it
+(`recover_output`): with OUTPUT missing it renames the old output back, with OUTPUT present (the new one made
+it) it deletes the old one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -22,17 +29,25 @@ from spark_cnn.errors import (
     SidecarLost,
     SparkCnnError,
 )
+from spark_cnn.spark.locations import check_checkpoint_location, check_output_location
 from spark_cnn.spark.session import spark_session
 from spark_cnn.spark.storage import HadoopFS, local_path
 from spark_cnn.task.launcher import stop_sidecars
 
+_log = logging.getLogger(__name__)
 _TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
 _ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputError, ModelError, SidecarError,
                                               SidecarHung, SidecarLost)}
 
 
-def check_local_paths(input_uri: str, output_uri: str | None, overwrite: bool) -> None:
-    """Fail fast, before Spark starts, on local paths (remote ones are checked once the session is up)."""
+def check_local_paths(input_uri: str, output_uri: str | None, overwrite: bool, *,
+                      checkpoint_uri: str | None = None) -> None:
+    """Fail fast, before Spark starts: where the output (and an ETL checkpoint) may go, on any filesystem; that
+    local paths exist or not as needed (remote ones are checked once the session is up)."""
+    if output_uri is not None:
+        check_output_location(input_uri, output_uri)
+    if checkpoint_uri is not None:
+        check_checkpoint_location(input_uri, checkpoint_uri, output_uri)
     input_path = local_path(input_uri)
     if input_path is not None and not os.path.exists(input_path):
         raise InputError(f"input {input_path} does not exist")
@@ -42,11 +57,21 @@ def check_local_paths(input_uri: str, output_uri: str | None, overwrite: bool) -
 
 
 def check_paths(fs: HadoopFS, input_uri: str, output_uri: str | None, overwrite: bool, *, input_name: str,
-                output_name: str | None = None) -> None:
-    """The same checks on any filesystem, through Hadoop; `*_name` is how the user wrote each path."""
+                output_name: str | None = None, checkpoint_uri: str | None = None) -> None:
+    """The same checks on any filesystem, through Hadoop (paths as its FileSystem qualifies them); `*_name` is
+    how the user wrote each path. An old output left aside by a killed publish is restored or removed first."""
+    qualified_input = fs.qualify(input_uri)
+    if output_uri is not None:
+        check_output_location(qualified_input, fs.qualify(output_uri))
+    if checkpoint_uri is not None:
+        check_checkpoint_location(qualified_input, fs.qualify(checkpoint_uri),
+                                  fs.qualify(output_uri) if output_uri is not None else None)
     if not fs.exists(input_uri):
         raise InputError(f"input {input_name} does not exist")
-    if output_uri is not None and fs.exists(output_uri) and not overwrite:
+    if output_uri is None:
+        return
+    recover_output(fs, output_uri)
+    if fs.exists(output_uri) and not overwrite:
         raise InputError(f"output {output_name or output_uri} already exists; use --overwrite to replace it")
 
 
@@ -69,14 +94,56 @@ def job_session(spark: SparkSession | None, *, master: str | None, quiet: bool,
 def staging_uri(output_uri: str, job_id: str) -> str:
     """A hidden sibling of the output (Spark and Parquet readers skip names starting with '.')."""
     parent, _, name = output_uri.rstrip("/").rpartition("/")
-    return f"{parent}/.{name}.spark_cnn-{job_id}.tmp"
+    return f"{parent}/.{name}.spark_cnn-{job_id}{STAGING_SUFFIX}"
+
+
+STAGING_SUFFIX = ".tmp"  # the new output while it is written
+ASIDE_SUFFIX = ".old"  # the old output while the new one is renamed in
+
+
+def aside_uri(staging: str) -> str:
+    """Where `publish` keeps the old output of the job staged at `staging`: the same hidden name, `.old`."""
+    return staging.removesuffix(STAGING_SUFFIX) + ASIDE_SUFFIX
 
 
 def publish(fs: HadoopFS, staging: str, output_uri: str, *, overwrite: bool) -> None:
-    """Rename the complete staging directory into place; with `overwrite`, only now remove the old output."""
-    if overwrite:
-        fs.delete(output_uri)
-    fs.rename(staging, output_uri)
+    """Rename the complete staging directory into place. With `overwrite`, the old output is first renamed
+    aside (a hidden sibling), and deleted only once the new one is in place; a failure in between renames it
+    back, and a killed run leaves it for `recover_output`."""
+    if not (overwrite and fs.exists(output_uri)):
+        fs.rename(staging, output_uri)
+        return
+    aside = aside_uri(staging)
+    fs.rename(output_uri, aside)
+    try:
+        fs.rename(staging, output_uri)
+    except BaseException as e:
+        try:
+            fs.rename(aside, output_uri)
+        except Exception:
+            raise InputError(f"could not publish {output_uri} ({e}); the old output is at {aside}: rename it back "
+                             f"to {output_uri}") from e
+        raise
+    fs.delete(aside)
+
+
+def recover_output(fs: HadoopFS, output_uri: str) -> None:
+    """Finish what a publish killed midway left: an old output renamed aside comes back when OUTPUT is missing,
+    and is deleted when OUTPUT is there (the new one was renamed in); that job's staged output is deleted."""
+    parent, _, name = output_uri.rstrip("/").rpartition("/")
+    prefix = f".{name}.spark_cnn-"
+    for entry in sorted(fs.list_names(parent)):
+        if not (entry.startswith(prefix) and entry.endswith(ASIDE_SUFFIX)):
+            continue
+        aside = f"{parent}/{entry}"
+        if fs.exists(output_uri):
+            _log.warning("deleting %s: the old output a killed job had replaced %s with its new one", aside,
+                         output_uri)
+            fs.delete(aside)
+        else:
+            _log.warning("restoring %s from %s, where a killed job had moved it", output_uri, aside)
+            fs.rename(aside, output_uri)
+        fs.delete(aside.removesuffix(ASIDE_SUFFIX) + STAGING_SUFFIX)
 
 
 def task_error(error: Exception) -> SparkCnnError:

@@ -5,14 +5,23 @@ weights file, label file or layer name is one clear error, not a failed task); `
 the tasks need in an `InferencePlan`, purely from the options, the checked model and the opened input;
 `start_inference` ships the model's files to the executors and plans. `plan_reading` is the input side alone,
 which to-petastorm (no model) shares.
+
+Model files are shipped content-addressed: each job ships a copy named by the hash of its bytes, and the
+endpoint (and its fingerprint) refer to that copy. Spark ignores a second `addFile` of a path, so shipping the
+path itself would leave executors running the first version of a file changed in place, under the new
+fingerprint.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
+import shutil
+import tempfile
+import threading
 import uuid
-from dataclasses import dataclass
-from urllib.parse import urlparse
+from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
@@ -20,6 +29,7 @@ from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats.encodings import ENCODED
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.models.spec import file_sha256
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource
 from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.stream import InferencePlan
@@ -107,13 +117,57 @@ def plan_inference(options: InferenceOptions, model: CheckedModel, *, app_id: st
 def start_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel, *,
                     source: ImageSource | None = None) -> InferencePlan:
     """Ship the model's files to the executors of `spark` and plan the tasks (plan_inference; a fresh job id)."""
-    ship_model_files(spark, model)
-    return plan_inference(options, model, app_id=spark.sparkContext.applicationId, source=source)
+    shipped = ship_model_files(spark, model)
+    return plan_inference(options, shipped, app_id=spark.sparkContext.applicationId, source=source)
 
 
-def ship_model_files(spark: SparkSession, model: CheckedModel) -> None:
-    """addFile each file of the model (executors find their copy with SparkFiles.get(name)), once per session."""
-    shipped = {urlparse(uri).path for uri in spark.sparkContext.listFiles}
-    for path in model.endpoint.files:
-        if os.path.abspath(path) not in shipped:  # Spark warns on a second addFile of a path, and ignores it
-            spark.sparkContext.addFile(path)
+def ship_model_files(spark: SparkSession, model: CheckedModel) -> CheckedModel:
+    """addFile a content-addressed copy of each file of the model (executors find theirs with
+    SparkFiles.get(name)); returns the model whose endpoint names those copies, fingerprinted from their bytes."""
+    endpoint = model.endpoint
+    if not endpoint.files:
+        return model
+    already = {uri.rstrip("/").rpartition("/")[2] for uri in spark.sparkContext.listFiles}
+    copies = {path: content_addressed_copy(path) for path in endpoint.files}
+    for copy in copies.values():
+        if os.path.basename(copy) not in already:  # the same name is the same bytes: shipped before
+            spark.sparkContext.addFile(copy)
+    # The fingerprint of what executors will load: the file may have changed since the driver checked it.
+    as_shipped = replace(endpoint, source=copies.get(endpoint.source, endpoint.source),
+                         weights=copies.get(endpoint.weights, endpoint.weights) if endpoint.weights else None)
+    endpoint = replace(endpoint, files={path: os.path.basename(copy) for path, copy in copies.items()},
+                       fingerprint=as_shipped.with_fingerprint().fingerprint)
+    return replace(model, resolved=replace(model.resolved, endpoint=endpoint))
+
+
+_ship_dir: str | None = None
+_ship_lock = threading.Lock()
+HASH_CHARS = 16  # of the SHA-256 in a shipped name: 64 bits, no collision among one session's files
+
+
+def _ship_folder() -> str:
+    """This process's folder of shipped copies; it lives as long as the process (Spark serves files from it)."""
+    global _ship_dir
+    with _ship_lock:
+        if _ship_dir is None:
+            _ship_dir = tempfile.mkdtemp(prefix="spark_cnn_ship_")
+            atexit.register(shutil.rmtree, _ship_dir, True)
+        return _ship_dir
+
+
+def content_addressed_copy(path: str) -> str:
+    """A private copy of `path` named `<sha256 prefix>-<file name>`; its name always matches its own bytes."""
+    folder, name = _ship_folder(), os.path.basename(path)
+    known = os.path.join(folder, f"{file_sha256(path)[:HASH_CHARS]}-{name}")
+    if os.path.exists(known):  # copied for an earlier job: the same bytes
+        return known
+    partial = os.path.join(folder, f".{uuid.uuid4().hex}.part")
+    digest = hashlib.sha256()
+    # Hashed again while copying: the file may change between the two reads, and the name must be the copy's.
+    with open(path, "rb") as source, open(partial, "wb") as target:
+        while block := source.read(1 << 20):
+            digest.update(block)
+            target.write(block)
+    copy = os.path.join(folder, f"{digest.hexdigest()[:HASH_CHARS]}-{name}")
+    os.replace(partial, copy)
+    return copy

@@ -6,14 +6,13 @@ string when the input says what each image is), plus how `content` holds the ima
 
 Spark's file sources drop zero-byte files from every scan (SPARK-26161, SPARK-27291). A zero-byte image is
 still an input that must come out as one row (with its error), so empty files are listed separately and
-added back with empty content.
+added back with empty content. Local image folders are not listed by Spark at all: `spark/listing.py` walks
+them (unreadable subfolders become error rows, symlink loops are walked once) and the tasks read the files.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,6 +25,7 @@ from spark_cnn.config import InputOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
+from spark_cnn.spark.listing import is_hidden, matches_glob, pack_partitions, walk_files
 from spark_cnn.spark.storage import local_path
 
 IMAGE_ROW_SCHEMA = "path string, content binary"
@@ -129,14 +129,9 @@ def _visible_files(spark: SparkSession, input_uri: str) -> Iterator[str]:
     """Names of the files Spark would read under `input_uri`, lazily (detection stops at the first image)."""
     local = local_path(input_uri)
     if local is not None:
-        if os.path.isfile(local):
-            yield os.path.basename(local)
-            return
-        for root, dirs, names in os.walk(local):
-            dirs[:] = sorted(d for d in dirs if not is_hidden(d))
-            for name in sorted(names):
-                if not is_hidden(name):
-                    yield os.path.join(root, name)
+        for entry in walk_files(local):
+            if entry.error is None:
+                yield entry.path
         return
     path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(input_uri)
     files = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(path, True)
@@ -150,15 +145,14 @@ def _visible_files(spark: SparkSession, input_uri: str) -> Iterator[str]:
 # ---- image files ------------------------------------------------------------------------------------------
 
 
-def is_hidden(name: str) -> bool:
-    """Spark's rule for names its file listing skips: `_x` (but not `k=v` partitions), `.x`, `x._COPYING_`."""
-    return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
-
-
 def read_images(spark: SparkSession, input_uri: str, *, glob: str | None = None, content: bool = True) -> DataFrame:
     """Every visible file under `input_uri` (recursively; names matching `glob`), as (path, content),
     including zero-byte files. `content=False`: a null `content`, so Spark lists the files without reading
-    them (binaryFile reads a file only when its content column is used) and the task reads `path` itself."""
+    them (binaryFile reads a file only when its content column is used) and the task reads `path` itself; a
+    local folder is then listed by `local_files` instead of Spark."""
+    local = local_path(input_uri)
+    if local is not None and not content:
+        return local_files(spark, local, glob=glob)
     files = _file_reader(spark, "binaryFile", glob).load(input_uri)
     files = files.select("path", "content" if content else F.lit(None).cast("binary").alias("content"))
     empty = empty_files(spark, input_uri, glob=glob)
@@ -195,34 +189,12 @@ def with_folder_labels(spark: SparkSession, frame: DataFrame, input_uri: str) ->
     return frame.withColumn(TRUE_LABEL, F.when(in_folder, F.element_at(relative, 1)).cast("string"))
 
 
-def matches_glob(name: str, glob: str | None) -> bool:
-    """Hadoop's file-name glob (as Spark's pathGlobFilter applies it): *, ?, [..] and {a,b} alternatives."""
-    return glob is None or any(fnmatch.fnmatchcase(name, pattern) for pattern in _expand_braces(glob))
-
-
-def _expand_braces(pattern: str) -> list[str]:
-    match = re.search(r"\{([^{}]*)\}", pattern)
-    if match is None:
-        return [pattern]
-    head, tail = pattern[:match.start()], pattern[match.end():]
-    return [expanded for option in match.group(1).split(",") for expanded in _expand_braces(head + option + tail)]
-
-
 def empty_files(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> list[str]:
     """Zero-byte visible files under `input_uri` (names matching `glob`), as Spark writes their paths."""
     jvm = spark.sparkContext._jvm
     local = local_path(input_uri)
     if local is not None:  # fast path: one stat per file, no JVM round trips
-        found = []
-        if os.path.isfile(local):
-            empty = not os.path.getsize(local) and matches_glob(os.path.basename(local), glob)
-            return [jvm.org.apache.hadoop.fs.Path("file://" + local).toString()] if empty else []
-        for root, dirs, names in os.walk(local):
-            dirs[:] = [d for d in dirs if not is_hidden(d)]
-            found += [os.path.join(root, n) for n in names
-                      if not is_hidden(n) and matches_glob(n, glob) and os.path.isfile(os.path.join(root, n))
-                      and os.path.getsize(os.path.join(root, n)) == 0]
-        return [jvm.org.apache.hadoop.fs.Path("file://" + p).toString() for p in sorted(found)]
+        return [spark_path(e.path) for e in walk_files(local, glob=glob) if e.error is None and e.size == 0]
     # Other filesystems: Hadoop's recursive listing, one JVM call per file (slow for millions of files).
     path = jvm.org.apache.hadoop.fs.Path(input_uri)
     files = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(path, True)
@@ -235,6 +207,33 @@ def empty_files(spark: SparkSession, input_uri: str, *, glob: str | None = None)
             if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
                 found.append(name)
     return found
+
+
+def spark_path(local: str) -> str:
+    """A local path as Spark's file listing writes it: `file:/a/b c#1.jpg` (not percent-encoded)."""
+    return "file:" + local
+
+
+def local_files(spark: SparkSession, folder: str, *, glob: str | None = None) -> DataFrame:
+    """(path, null content) for every entry `listing.walk_files` finds under the local `folder` (a folder it
+    could not list is one row, whose read fails in the task with the reason), in partitions packed as Spark's
+    file scan packs them."""
+    conf = spark._jsparkSession.sessionState().conf()
+    minimum = conf.filesMinPartitionNum()
+    partitions = pack_partitions(list(walk_files(folder, glob=glob)),
+                                 max_partition_bytes=int(conf.filesMaxPartitionBytes()),
+                                 open_cost_bytes=int(conf.filesOpenCostInBytes()),
+                                 min_partitions=int(minimum.get()) if minimum.isDefined()
+                                 else spark.sparkContext.defaultParallelism)
+    if not partitions:
+        return spark.createDataFrame([], IMAGE_ROW_SCHEMA)
+    rows = [[(spark_path(e.path), None) for e in partition] for partition in partitions]
+    # One partition per packed group: parallelize gives each of len(rows) slices one element.
+    return spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)).flatMap(_rows), IMAGE_ROW_SCHEMA)
+
+
+def _rows(partition: list[tuple]) -> list[tuple]:
+    return partition
 
 
 # ---- tables -----------------------------------------------------------------------------------------------

@@ -76,3 +76,8 @@ class HadoopFS:
         if not fs.exists(path):
             return []
         return [status.getPath().getName() for status in fs.listStatus(path)]
+
+    def qualify(self, uri: str) -> str:
+        """`uri` as its filesystem names it: the default scheme and authority filled in, `.` and `..` resolved."""
+        fs, path = self._fs_path(uri)
+        return str(fs.makeQualified(path).toString())

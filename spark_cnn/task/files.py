@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging.decode import read_image_file
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
@@ -27,4 +29,19 @@ def read_listed_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> byte
     local = listed_local_path(path)
     if local is None:
         raise ImageError(f"not a local file: {path} (files on other filesystems are read by Spark)")
-    return read_image_file(local, options)
+    try:
+        return read_image_file(local, options)
+    except ImageError:
+        if os.path.isdir(local):  # listed as a folder: the driver's listing could not read it
+            raise ImageError(unlisted_folder_error(local)) from None
+        raise
+
+
+def unlisted_folder_error(folder: str) -> str:
+    """The error row of a folder the job's listing could not read (spark/listing.py), with today's reason."""
+    try:
+        os.listdir(folder)
+    except OSError as e:
+        return (f"cannot list folder ({type(e).__name__}: {e.strerror or e}): its images were not read; make it "
+                "readable and run the job again")
+    return "could not list this folder when the job started (it lists now): run the job again to read its images"

@@ -150,12 +150,13 @@ def test_partition_by_true_label_needs_a_label_column(spark, demo_assets, pictur
         _classify(spark, demo_assets, str(table), str(tmp_path / "out"), glob="*.png")
 
 
-def test_local_image_folders_are_listed_by_spark_and_read_by_the_tasks(spark, pictures):
-    # Reading the bytes in the JVM (binaryFile content) cost it more CPU per image than the rest of Spark's work.
+def test_local_image_folders_are_listed_by_the_driver_and_read_by_the_tasks(spark, pictures):
+    # Reading the bytes in the JVM (binaryFile content) cost it more CPU per image than the rest of Spark's work;
+    # Spark's listing fails on an unreadable subfolder and loops on symlinks (spark/listing.py walks instead).
     local = open_source(spark, "file://" + pictures, InputOptions(glob="*.png"))
     assert local.encoding == LOCAL_FILES
     scan = local.frame._jdf.queryExecution().executedPlan().toString()
-    assert "ReadSchema: struct<path:string>" in scan, scan
+    assert "FileScan" not in scan, scan
     assert local.frame.where("content is not null").count() == 0
     assert local.frame.count() == len(_pngs(pictures))  # zero-byte files too (Spark's scan drops them)
 

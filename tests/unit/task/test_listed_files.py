@@ -56,3 +56,17 @@ def test_guard_rails_and_unreadable_files_become_image_errors(tmp_path):
         locked.chmod(0)
         with pytest.raises(ImageError, match="PermissionError"):
             read_image_file(str(locked))
+
+
+def test_a_folder_listed_because_it_could_not_be_read_gets_an_error_saying_so(tmp_path, monkeypatch):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    with pytest.raises(ImageError, match="could not list this folder when the job started .*run the job again"):
+        read_listed_file("file:" + str(folder))
+
+    def refuse(path):  # as root, chmod 000 does not stop the listing: refuse it as the kernel would
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "listdir", refuse)
+    with pytest.raises(ImageError, match=r"cannot list folder \(PermissionError: Permission denied\): its images"):
+        read_listed_file("file:" + str(folder))

@@ -1,0 +1,128 @@
+"""Listing a local image folder: one entry per reachable file, one per folder that cannot be listed.
+
+Spark's own listing (Hadoop's local filesystem) fails the whole job on one unreadable subfolder, follows a
+symlink loop until the path is too long (listing the same files again at each turn), and its scan drops
+zero-byte files. This walk follows symlinked folders but lists each real folder once (by device and inode: a
+loop, or a second link to a folder already listed, adds nothing), keeps zero-byte files, and turns a folder it
+cannot list into one entry with the reason, which becomes that folder's error row. Names Spark hides (`.x`,
+`_x`, `x._COPYING_`) are skipped as Spark skips them; FIFOs, sockets and devices are not image files and are
+skipped too (reading one could block a task). Pure: no Spark.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import posixpath
+import re
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from spark_cnn.errors import InputError
+
+_scandir = os.scandir  # module attribute, so a test can make one folder fail as an unreadable one does
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file to read (`error` None; `size` in bytes, 0 when it cannot be stat'ed) or a folder that could not be
+    listed (`error` says why)."""
+
+    path: str
+    size: int = 0
+    error: str | None = None
+
+
+def is_hidden(name: str) -> bool:
+    """Spark's rule for names its file listing skips: `_x` (but not `k=v` partitions), `.x`, `x._COPYING_`."""
+    return (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
+
+
+def matches_glob(name: str, glob: str | None) -> bool:
+    """Hadoop's file-name glob (as Spark's pathGlobFilter applies it): *, ?, [..] and {a,b} alternatives."""
+    return glob is None or any(fnmatch.fnmatchcase(name, pattern) for pattern in _expand_braces(glob))
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if match is None:
+        return [pattern]
+    head, tail = pattern[:match.start()], pattern[match.end():]
+    return [expanded for option in match.group(1).split(",") for expanded in _expand_braces(head + option + tail)]
+
+
+def _reason(error: OSError) -> str:
+    return f"{type(error).__name__}: {error.strerror or error}"
+
+
+def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
+    """Every visible file under `root` (a folder, or one file) whose name matches `glob`, depth first in name
+    order, and every folder below `root` that cannot be listed. `root` itself unlistable: InputError."""
+    root = posixpath.normpath(root)
+    if not os.path.isdir(root):
+        if matches_glob(os.path.basename(root), glob):
+            yield _file_entry(root)
+        return
+    seen: set[tuple[int, int]] = set()
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            info = os.stat(folder)
+            if (info.st_dev, info.st_ino) in seen:  # a symlink loop, or a folder listed under another path
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            with _scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as e:
+            if folder == root:
+                raise InputError(f"input {root} cannot be listed ({_reason(e)}): check its permissions") from e
+            yield Entry(folder, error=f"cannot list folder: {_reason(e)}")
+            continue
+        subfolders = []
+        for entry in entries:
+            if is_hidden(entry.name):
+                continue
+            if _is_folder(entry):
+                subfolders.append(entry.path)
+            elif matches_glob(entry.name, glob):
+                file = _file_entry(entry.path)
+                if file is not None:
+                    yield file
+        pending.extend(reversed(subfolders))
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks
+    except OSError:
+        return False
+
+
+def _file_entry(path: str) -> Entry | None:
+    try:
+        info = os.stat(path)
+    except OSError:  # a dangling link, a loop of links: listed, so its read fails and it gets its error row
+        return Entry(path)
+    return Entry(path, info.st_size) if stat.S_ISREG(info.st_mode) else None
+
+
+def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,
+                    min_partitions: int) -> list[list[Entry]]:
+    """Group files into partitions as Spark's file scan does (FilePartition.getFilePartitions): largest first,
+    each partition filled up to a split size, every file counting its size plus `open_cost_bytes`."""
+    total = sum(e.size + open_cost_bytes for e in entries)
+    split = min(max_partition_bytes, max(open_cost_bytes, total // max(1, min_partitions)))
+    partitions: list[list[Entry]] = []
+    current: list[Entry] = []
+    size = 0
+    for entry in sorted(entries, key=lambda e: e.size, reverse=True):
+        if current and size + entry.size > split:
+            partitions.append(current)
+            current, size = [], 0
+        current.append(entry)
+        size += entry.size + open_cost_bytes
+    if current:
+        partitions.append(current)
+    return partitions

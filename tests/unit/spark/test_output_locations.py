@@ -1,0 +1,99 @@
+"""Where a job may write (spark/locations.py): never onto, into or around its input, the root or the home dir."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from spark_cnn.errors import InputError
+from spark_cnn.spark.job_io import check_local_paths
+from spark_cnn.spark.locations import check_checkpoint_location, check_output_location, location
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """photos/ with a subfolder, a symlink to photos, a separate home directory."""
+    (tmp_path / "photos" / "cats").mkdir(parents=True)
+    (tmp_path / "home").mkdir()
+    os.symlink(tmp_path / "photos", tmp_path / "link")
+    return tmp_path
+
+
+@pytest.mark.parametrize("output, refused", [
+    ("photos", "is the input"),
+    ("photos/", "is the input"),
+    ("photos/cats/..", "is the input"),
+    ("link", "is the input"),  # a symlink to the input
+    ("photos/..", "contains the input"),  # classify photos/ photos/.. --overwrite: would delete the images
+    (".", "contains the input"),
+    ("photos/out", "lies inside the input"),
+    ("link/cats/out", "lies inside the input"),
+    ("home", "is the home directory"),
+    ("/", "is the filesystem root"),
+])
+def test_outputs_on_into_or_around_the_input_are_refused(tree, output, refused):
+    with pytest.raises(InputError, match=refused) as error:
+        check_output_location(str(tree / "photos"), str(tree / output) if output != "/" else "/",
+                              home=str(tree / "home"))
+    assert "choose a new folder outside the input" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_an_output_above_the_home_directory_is_refused(tree):
+    (tree / "home" / "me").mkdir()
+    with pytest.raises(InputError, match="contains the home directory"):
+        check_output_location(str(tree / "photos"), str(tree / "home"), home=str(tree / "home" / "me"))
+
+
+@pytest.mark.parametrize("output", ["out", "photos-out", "home/out", "photos2"])
+def test_outputs_beside_the_input_are_allowed(tree, output):
+    check_output_location(str(tree / "photos"), str(tree / output), home=str(tree / "home"))
+
+
+def test_file_uris_and_paths_compare_equal(tree):
+    with pytest.raises(InputError, match="contains the input"):
+        check_output_location(f"file://{tree}/photos", f"file:{tree}", home=str(tree / "home"))
+
+
+@pytest.mark.parametrize("input_uri, output_uri, refused", [
+    ("hdfs://nn:8020/data/photos", "hdfs://NN:8020/data/photos/", "is the input"),
+    ("hdfs://nn:8020/data/photos", "HDFS://nn:8020/data/photos/x/../..", "contains the input"),
+    ("s3a://bucket/photos", "s3a://bucket//photos/./out", "lies inside the input"),
+    ("s3a://bucket/photos", "s3a://bucket/", "is the filesystem root"),
+    ("s3a://bucket/photos", "s3a://bucket", "is the filesystem root"),
+])
+def test_other_filesystems_compare_normalised_uris(input_uri, output_uri, refused):
+    with pytest.raises(InputError, match=refused):
+        check_output_location(input_uri, output_uri)
+
+
+@pytest.mark.parametrize("input_uri, output_uri", [
+    ("hdfs://nn:8020/data/photos", "hdfs://other:8020/data/photos"),  # another cluster
+    ("s3a://bucket/photos", "s3a://bucket/photos-out"),
+    ("file:///data/photos", "hdfs://nn:8020/data/photos"),  # another filesystem
+])
+def test_the_same_path_on_another_filesystem_is_allowed(input_uri, output_uri):
+    check_output_location(input_uri, output_uri)
+
+
+def test_location_resolves_symlinks_for_paths_that_do_not_exist_yet(tree):
+    assert location(str(tree / "link" / "new" / "out")) == ("file", str(tree.resolve() / "photos" / "new" / "out"))
+
+
+@pytest.mark.parametrize("checkpoint, refused", [
+    ("photos/_checkpoint", "overlaps the input"), ("photos", "overlaps the input"), (".", "overlaps the input"),
+    ("out", "is the output folder")])
+def test_checkpoints_that_would_be_listed_as_input_or_are_the_output_are_refused(tree, checkpoint, refused):
+    with pytest.raises(InputError, match=refused):
+        check_checkpoint_location(str(tree / "photos"), str(tree / checkpoint), str(tree / "out"))
+    check_checkpoint_location(str(tree / "photos"), str(tree / "checkpoints" / "out"), str(tree / "out"))
+
+
+def test_the_local_check_refuses_before_the_existence_checks(tree):
+    # With the output equal to the input, "already exists; use --overwrite" would send the user the wrong way.
+    with pytest.raises(InputError, match="is the input"):
+        check_local_paths(f"file://{tree}/photos", f"file://{tree}/photos", False)
+    with pytest.raises(InputError, match="overlaps the input"):
+        check_local_paths(f"file://{tree}/photos", f"file://{tree}/out", True,
+                          checkpoint_uri=f"file://{tree}/photos/.checkpoint")
