@@ -1,0 +1,104 @@
+"""Which files under the ETL's INPUT are there, and which of them are ready to be taken.
+
+The ETL lists INPUT itself (not through Spark's file stream source): Spark's source skips files whose
+modification time is older than its `maxFileAge` window behind the newest file it has seen, and it takes a
+file the moment it is listed, half-written or not. Here every visible file is a candidate whatever its
+modification time, and a file is taken only once it has settled: nothing has changed it for the settle time.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from spark_cnn.spark.sources import is_hidden, matches_glob
+from spark_cnn.spark.storage import local_path
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """A file as one listing saw it: `path` spelled as Spark's file listing spells it (`file:/a b.jpg`)."""
+
+    path: str
+    size: int
+    mtime_ms: int
+
+
+def list_input(spark: SparkSession, input_uri: str, glob: str | None) -> list[ListedFile]:
+    """Every visible file under `input_uri`, recursively (Spark's hidden-name rule; names matching `glob`)."""
+    local = local_path(input_uri)
+    if local is not None:
+        return list_local(local, glob)
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(input_uri)
+    files = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(root, True)
+    found = []
+    while files.hasNext():
+        status = files.next()
+        name = status.getPath().toString()
+        relative = name[len(root.toString()):].strip("/").split("/")
+        if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
+            found.append(ListedFile(name, int(status.getLen()), int(status.getModificationTime())))
+    return found
+
+
+def list_local(folder: str, glob: str | None) -> list[ListedFile]:
+    """The visible files under a local folder. Symlinked folders are followed, each real folder once (a link
+    loop ends); an unreadable folder is skipped, so its files come once it can be read."""
+    found: list[ListedFile] = []
+    visited: set[tuple[int, int]] = set()
+    for root, dirs, names in os.walk(os.path.normpath(folder), followlinks=True):
+        try:
+            info = os.stat(root)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (info.st_dev, info.st_ino) in visited:
+            dirs[:] = []
+            continue
+        visited.add((info.st_dev, info.st_ino))
+        dirs[:] = sorted(d for d in dirs if not is_hidden(d))
+        for name in sorted(names):
+            if is_hidden(name) or not matches_glob(name, glob):
+                continue
+            path = os.path.join(root, name)
+            try:
+                info = os.stat(path)
+            except OSError:  # a dangling link: taken, so its row says it cannot be read
+                info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode):
+                continue
+            found.append(ListedFile("file:" + path, info.st_size, info.st_mtime_ns // 1_000_000))
+    return found
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A file not yet settled: its size and modification time when first seen so, and when that was."""
+
+    size: int
+    mtime_ms: int
+    since_ms: int
+
+
+def settled(listed: list[ListedFile], taken: set[str], waiting: dict[str, Waiting], now_ms: int,
+            settle_ms: int) -> tuple[list[ListedFile], dict[str, Waiting]]:
+    """The files not yet taken that are ready (oldest first), and those still waiting.
+
+    Ready: modified at least `settle_ms` ago, or seen with the same size and modification time by a run at least
+    `settle_ms` ago (a modification time in the future, from an archive or a clock ahead of ours)."""
+    ready, still = [], {}
+    for f in listed:
+        if f.path in taken:
+            continue
+        before = waiting.get(f.path)
+        unchanged = before is not None and (before.size, before.mtime_ms) == (f.size, f.mtime_ms)
+        if settle_ms <= 0 or f.mtime_ms <= now_ms - settle_ms or (unchanged and now_ms - before.since_ms >= settle_ms):
+            ready.append(f)
+        else:
+            still[f.path] = before if unchanged else Waiting(f.size, f.mtime_ms, now_ms)
+    ready.sort(key=lambda f: (f.mtime_ms, f.path))
+    return ready, still
