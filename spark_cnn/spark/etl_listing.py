@@ -46,8 +46,9 @@ def list_input(spark: SparkSession, input_uri: str, glob: str | None) -> list[Li
 
 
 def list_local(folder: str, glob: str | None) -> list[ListedFile]:
-    """The visible files under a local folder. Symlinked folders are followed, each real folder once (a link
-    loop ends); an unreadable folder is skipped, so its files come once it can be read."""
+    """The visible files under a local folder: regular files, and dangling links (their rows say so). Symlinked
+    folders are followed, each real folder once (a link loop ends); an unreadable folder is skipped, so its files
+    come once it can be read."""
     found: list[ListedFile] = []
     visited: set[tuple[int, int]] = set()
     for root, dirs, names in os.walk(os.path.normpath(folder), followlinks=True):
@@ -69,7 +70,7 @@ def list_local(folder: str, glob: str | None) -> list[ListedFile]:
                 info = os.stat(path)
             except OSError:  # a dangling link: taken, so its row says it cannot be read
                 info = os.lstat(path)
-            if stat.S_ISDIR(info.st_mode):
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode)):  # a FIFO's open would block the task
                 continue
             found.append(ListedFile("file:" + path, info.st_size, info.st_mtime_ns // 1_000_000))
     return found

@@ -4,6 +4,7 @@ modification time land once they have settled, and a file that cannot be read is
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -18,12 +19,14 @@ from spark_cnn.config import ClassifyConfig, EtlConfig, InferenceOptions, InputO
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.spark import etl_log
 from spark_cnn.spark.etl_job import STAGING, MicroBatchWriter, run_etl
 from tests.sample_images import broken_files, write_files
 
 pytestmark = pytest.mark.spark
 
 SETTLE_S = 3.0  # the settle time of the test that writes a file during a run
+BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 HUGE_FILE_BYTES = 3 << 30  # over Spark's binaryFile limit (2 GiB - 1): the JVM could never read it
 
 
@@ -214,3 +217,44 @@ def test_glob_max_file_bytes_and_max_pixels_hold_in_an_incremental_run(spark, de
             EtlConfig(ClassifyConfig(source, output, InferenceOptions(ModelSpec(DIGITS_FACTORY)),
                                      **({"inputs": InputOptions(format="parquet")} if "input_format" in refused
                                         else refused)), checkpoint=checkpoint)
+
+
+# ---- the checkpoint: compaction, and the Structured Streaming checkpoint of earlier versions ----------------------
+
+def test_compacted_checkpoint_still_takes_each_file_once(spark, demo_assets, tmp_path, monkeypatch):
+    source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    monkeypatch.setattr(etl_log, "COMPACT_EVERY", 2)
+    inputs = _copy_digits(demo_assets, source, ["0"], 0, 4)
+    assert len(_etl(spark, demo_assets, source, output, checkpoint, max_files_per_trigger=1)["micro_batches"]) == 4
+    inputs += _copy_digits(demo_assets, source, ["1"], 0, 1)
+    second = _etl(spark, demo_assets, source, output, checkpoint)  # folds batches 0-3 first
+    assert [b["batch"] for b in second["micro_batches"]] == [4]
+    assert sorted(n for n in os.listdir(os.path.join(checkpoint, "batches")) if not n.startswith(".")) == [
+        "3.compact", "4"]
+    assert _etl(spark, demo_assets, source, output, checkpoint)["images"] == 0
+    rows = _rows_by_path(output)
+    assert sorted(rows) == sorted(inputs) and all(len(r) == 1 for r in rows.values())
+
+
+def test_a_structured_streaming_checkpoint_of_an_earlier_version_is_carried_on(spark, demo_assets, tmp_path):
+    source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    earlier = _copy_digits(demo_assets, source, ["2"], 0, 5)
+    # What the earlier ETL left: Spark's file stream source log and a query checkpoint (2 files per batch), its
+    # last batch logged but never committed (the run was killed).
+    query = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA).option("recursiveFileLookup", "true")
+             .option("maxFilesPerTrigger", 2).load("file://" + source).writeStream
+             .foreachBatch(lambda frame, batch_id: None).option("checkpointLocation", "file://" + checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    os.remove(os.path.join(checkpoint, "commits", "2"))
+    os.remove(os.path.join(checkpoint, "commits", ".2.crc"))
+    entries = open(os.path.join(checkpoint, "sources", "0", "2")).read().splitlines()[1:]
+    replayed = [os.path.join(source, "2", json.loads(line)["path"].rsplit("/", 1)[1]) for line in entries]
+    assert len(replayed) == 1 and replayed[0] in earlier
+
+    new = _copy_digits(demo_assets, source, ["3"], 0, 2)
+    run = _etl(spark, demo_assets, source, output, checkpoint)
+    assert [b["batch"] for b in run["micro_batches"]] == [2, 3]  # the uncommitted batch, then the new files
+    rows = _rows_by_path(output)
+    assert sorted(rows) == sorted(replayed + new) and all(len(r) == 1 for r in rows.values())
+    assert _etl(spark, demo_assets, source, output, checkpoint)["images"] == 0
