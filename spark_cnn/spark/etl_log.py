@@ -54,21 +54,36 @@ class EtlLog:
                 self._compacted = self.last_batch = k
                 break
         for n in sorted(int(n) for n in names if n.isdigit()):
-            entries = self._read_entries(f"{BATCHES}/{n}")
-            if entries is None:  # cut short while it was written: its batch never started
+            entries = self._read_planned(n)
+            if entries is None:  # cut short by a kill while it was written: its batch never started
                 self.fs.delete(f"{self.root}/{BATCHES}/{n}")
                 continue
             self.taken.update(entry["path"] for entry in entries)
             self.last_batch = max(self.last_batch, n)
 
+    def _read_planned(self, n: int) -> list[dict] | None:
+        """Batch n's entries; None when a kill cut its file short (only possible before its batch was done)."""
+        if self.fs.exists(f"{self.root}/{DONE}/{n}"):
+            entries = self._read_entries(f"{BATCHES}/{n}")
+            if entries is None:
+                raise ConfigError(f"the checkpoint file {self.root}/{BATCHES}/{n} is incomplete but its batch is "
+                                  "done: the checkpoint was changed; start a new one (and OUTPUT) with --checkpoint")
+            return entries
+        try:
+            return self._read_entries(f"{BATCHES}/{n}")
+        except ConfigError:
+            raise
+        except Exception:  # its checksum file too was cut short (Hadoop's local filesystem)
+            return None
+
     def _read_entries(self, name: str) -> list[dict] | None:
         """The entries of a batch or compact file; None when it lacks its end line (a kill while writing)."""
         lines = [line for line in self.fs.read_text(f"{self.root}/{name}").splitlines() if line.strip()]
-        if not lines or lines[0] != VERSION:
-            raise ConfigError(f"the checkpoint file {self.root}/{name} is not in a format this version reads; "
-                              "start a new checkpoint (and OUTPUT) with --checkpoint")
         if len(lines) < 2 or lines[-1] != f"end {len(lines) - 2}":
             return None
+        if lines[0] != VERSION:
+            raise ConfigError(f"the checkpoint file {self.root}/{name} is not in a format this version reads; "
+                              "start a new checkpoint (and OUTPUT) with --checkpoint")
         return [json.loads(line) for line in lines[1:-1]]
 
     def pending_batch(self) -> tuple[int, list[ListedFile]] | None:
@@ -76,7 +91,7 @@ class EtlLog:
         n = self.last_batch
         if n < 0 or n <= self._compacted or self.fs.exists(f"{self.root}/{DONE}/{n}"):
             return None
-        entries = self._read_entries(f"{BATCHES}/{n}") or []
+        entries = self._read_planned(n) or []
         return n, [ListedFile(e["path"], e.get("size", 0), e.get("mtime_ms", 0)) for e in entries]
 
     def waiting(self) -> dict[str, Waiting]:

@@ -75,10 +75,10 @@ def test_etl_takes_new_files_once_and_a_replayed_batch_replaces_itself(spark, de
     assert [b["batch"] for b in second["micro_batches"]] == [3]
 
     # A run killed after writing batch 3 but before the checkpoint marked it done, with a half-written attempt
-    # in staging; and one killed while writing the file list of batch 4 (cut short: no end line). New files arrive.
+    # in staging; and one killed as it began writing the file list of batch 4 (still empty). New files arrive.
     os.remove(os.path.join(checkpoint, "done", "3"))
     os.remove(os.path.join(checkpoint, "done", ".3.crc"))
-    write_files(os.path.join(checkpoint, "batches"), {"4": b'v1\n{"path":"file:/nowhere.png"'})
+    write_files(os.path.join(checkpoint, "batches"), {"4": b""})
     write_files(os.path.join(output, STAGING, "batch=3"), {"part-stale.parquet": b"half written"})
     inputs += _copy_digits(demo_assets, source, ["4"], 0, 1)
     inputs += [os.path.join(source, "later", "empty.png")]
