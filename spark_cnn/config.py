@@ -187,6 +187,9 @@ def parse_batch_size(text: str) -> int | None:
 # Files per ETL micro-batch: a killed run redoes at most this many images, and each batch's output directory
 # stays a few hundred MB of JPEG input; a backlog of a million files still makes only ~1,000 batches.
 DEFAULT_MAX_FILES_PER_TRIGGER = 1000
+# A file unchanged this long is taken as complete: a copy in progress updates its modification time far more
+# often, and a cron interval is much longer.
+DEFAULT_SETTLE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -196,12 +199,15 @@ class EtlConfig:
     classify: ClassifyConfig = nested()
     checkpoint: str = ""
     max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER
+    settle_s: float = field(default=DEFAULT_SETTLE_S, metadata={OPTION_NAME: "settle_seconds"})
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
             raise ConfigError("etl needs --checkpoint DIR: the folder where it remembers which images it has done")
         if self.max_files_per_trigger < 1:
             raise ConfigError(f"--max-files-per-trigger {self.max_files_per_trigger}: expected a positive integer")
+        if not self.settle_s >= 0:
+            raise ConfigError(f"--settle-seconds {self.settle_s}: expected a number of seconds, 0 or more")
         if self.classify.overwrite:
             raise ConfigError("etl appends to OUTPUT; --overwrite does not apply (to start over, delete OUTPUT "
                               "and the checkpoint)")

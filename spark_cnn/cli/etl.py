@@ -10,7 +10,7 @@ from spark_cnn.cli.resolution import Option, flags_only, given
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False) -> None:
-    from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER
+    from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_SETTLE_S
 
     classify.add_arguments(parser, from_preset=from_preset)
     etl = parser.add_argument_group("incremental")
@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False)
     etl.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER, metavar="N",
                      help="images per micro-batch: a killed run redoes at most one batch "
                           f"(default: {DEFAULT_MAX_FILES_PER_TRIGGER})")
+    etl.add_argument("--settle-seconds", type=float, default=DEFAULT_SETTLE_S, metavar="S",
+                     help="take a file only once nothing has changed it for S seconds, so a copy in progress "
+                          f"waits for the next run; 0: take every file at once (default: {DEFAULT_SETTLE_S:g})")
 
 
 def register(commands) -> None:
@@ -69,6 +72,8 @@ def report(summary: dict) -> str:
         f"errors      {summary['errors']}",
         f"images/s    {rate}  ({summary['elapsed_s']} s)",
         f"batches     {len(batches)}" + (f" ({', '.join(str(b['batch']) for b in batches)})" if batches else ""),
+        *([f"waiting     {summary['waiting']}  (changed too recently: a later run takes them)"]
+          if summary.get("waiting") else []),
         f"batch size  {summary['batch_size'] or 'auto'}",
         f"sidecars    {len(summary['sidecars'])}",
         *classify.sidecar_table(summary["sidecars"]),

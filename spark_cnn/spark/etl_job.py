@@ -1,20 +1,19 @@
 """The incremental ETL job: classify the images that arrived under INPUT since the last run, append them to OUTPUT.
 
-A Structured Streaming file source (binaryFile, recursive) with `trigger(availableNow=True)` and a checkpoint
-finds the new files, processes them in micro-batches of at most `max_files_per_trigger`, and stops, so cron or
-Airflow can start the job again and again.
+Each run lists INPUT (recursively, `etl_listing`), takes the files its checkpoint (`etl_log`) has not taken yet
+and that have settled (unchanged for `--settle-seconds`, whatever their modification time), processes them in
+micro-batches of at most `max_files_per_trigger`, and stops, so cron or Airflow can start it again and again.
 
-Exactly once, also across a run killed midway: each micro-batch goes through `foreachBatch` into its own
-directory `OUTPUT/batch=N`, written under `OUTPUT/_staging` (hidden from readers) and renamed into place. Spark
-records the files of batch N (offsets and source log) before the batch runs and marks it committed only after
-`foreachBatch` returns; a killed run replays batch N with the same files, and the replay replaces `batch=N`
-whole. So every image is in exactly one batch directory, and OUTPUT is plain Parquet that any reader can read
-(Spark, pyarrow: hidden `.`/`_` entries are skipped, `batch` is a partition column).
+Exactly once, also across a run killed midway: batch N's files are written to the checkpoint before the batch
+runs; the batch goes into its own directory `OUTPUT/batch=N`, written under `OUTPUT/_staging` (hidden from
+readers) and renamed into place; then the checkpoint marks N done. A killed run's batch N is replayed with the
+same files, and the replay replaces `batch=N` whole. So every file is in exactly one batch directory, and OUTPUT
+is plain Parquet that any reader can read (hidden `.`/`_` entries are skipped, `batch` is a partition column).
 
-Why not the Parquet file sink: its `_spark_metadata` log gives exactly-once only to readers that go through it,
-and it cannot add rows the scan never produced. Spark's file scan drops zero-byte files; the source's own log of
-the batch still lists them, so each batch adds them back (empty content, hence one row with its error), as the
-batch classify job does.
+Local files are read by the tasks (LOCAL_FILES, under the --max-file-bytes guard), so a file that cannot be read,
+was deleted after the listing, or is too large is a row with its error, never a failed batch. Files on other
+filesystems are read by Spark (binaryFile, missing and unreadable files skipped); each planned file without a
+row then gets an error row here.
 """
 
 from __future__ import annotations
@@ -22,16 +21,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from urllib.parse import unquote, urlparse
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_cnn.config import EtlConfig, InputOptions
-from spark_cnn.errors import ConfigError, InputError
-from spark_cnn.formats.encodings import ENCODED
+from spark_cnn.config import EtlConfig
+from spark_cnn.errors import InputError
+from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES
 from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.classify_job import SUMMARY_FILE
+from spark_cnn.spark.etl_listing import ListedFile, list_input, settled
+from spark_cnn.spark.etl_log import EtlLog
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, task_error
 from spark_cnn.spark.planning import check_model, start_inference
@@ -40,16 +40,15 @@ from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
 from spark_cnn.task.schema import output_schema, spark_ddl
 from spark_cnn.task.stream import InferencePlan, PartitionInference
 
-BINARY_FILE_SCHEMA = "path string, modificationTime timestamp, length bigint, content binary"
 BATCH_COLUMN = "batch"
 STAGING = "_staging"
-SOURCE_LOG = "sources/0"  # the file source's log inside the checkpoint: which files each of its entries took
-OFFSETS_LOG = "offsets"  # the query's log: which source entries each batch covers
+# Spark's internal option that its own file stream source sets: the listed paths are files, not glob patterns.
+NO_GLOB = "__globPaths__"
 
 
 def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
-    """One run: process every file not yet processed, then stop. Returns the run's summary (also written as JSON
-    to OUTPUT/_summary.json and --summary)."""
+    """One run: process every settled file not yet processed, then stop. Returns the run's summary (also written
+    as JSON to OUTPUT/_summary.json and --summary)."""
     job = config.classify
     options = job.inference
     input_uri, output_uri, checkpoint_uri = to_uri(job.input), to_uri(job.output), to_uri(config.checkpoint)
@@ -63,23 +62,34 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         app_id = spark.sparkContext.applicationId
         fs = HadoopFS(spark)
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
-        source = new_images(spark, input_uri, job.inputs, config.max_files_per_trigger)
-        plan = start_inference(spark, options, model, source=source)
-        stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
-        writer = MicroBatchWriter(spark, fs, plan, stats, output_uri, checkpoint_uri)
-
         started = time.perf_counter()
-        query = (source.frame.writeStream.foreachBatch(writer).option("checkpointLocation", checkpoint_uri)
-                 .trigger(availableNow=True).start())
-        try:
-            query.awaitTermination()
-        except Exception as e:
-            raise task_error(e) from e
+        log = EtlLog(fs, checkpoint_uri)
+        in_tasks = input_path is not None
+        # The frame's contents do not matter to planning: only the encoding (and no labels, as before).
+        encoding = LOCAL_FILES if in_tasks else ENCODED
+        plan = start_inference(spark, options, model,
+                               source=ImageSource(spark.createDataFrame([], IMAGE_ROW_SCHEMA), "images", encoding))
+        stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
+        writer = MicroBatchWriter(spark, fs, plan, stats, output_uri, in_tasks=in_tasks)
+
+        pending = log.pending_batch()
+        if pending is not None:  # a killed run's batch: the same files again, replacing its output
+            writer.write(*pending)
+            log.commit(pending[0])
+        log.compact()
+        ready, waiting = settled(list_input(spark, input_uri, job.inputs.glob), log.taken, log.waiting(),
+                                 int(time.time() * 1000), int(config.settle_s * 1000))
+        log.set_waiting(waiting)
+        for start in range(0, len(ready), config.max_files_per_trigger):
+            files = ready[start:start + config.max_files_per_trigger]
+            batch_id = log.plan(files)
+            writer.write(batch_id, files)
+            log.commit(batch_id)
         elapsed = time.perf_counter() - started
 
         summary = run_summary(writer.batches, elapsed, options.batch_size, list(stats.value.values()))
         summary.update(input=input_uri, output=output_uri, checkpoint=checkpoint_uri, model=options.model.source,
-                       app_id=app_id, job_id=plan.job_id)
+                       app_id=app_id, job_id=plan.job_id, waiting=len(waiting))
         text = json.dumps(summary, indent=2)
         if writer.batches:  # a run with nothing new leaves the last run's summary in place
             fs.write_text(output_uri.rstrip("/") + "/" + SUMMARY_FILE, text)
@@ -88,118 +98,78 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         return summary
 
 
-def new_images(spark: SparkSession, input_uri: str, inputs: InputOptions, max_files_per_trigger: int) -> ImageSource:
-    """The stream of image files under `input_uri` not yet taken by the checkpoint's query, as (path, content,
-    ...) rows: binaryFile, recursive, names matching `inputs.glob` (EtlConfig admits image-file inputs only)."""
-    reader = (spark.readStream.format("binaryFile").schema(BINARY_FILE_SCHEMA).option("recursiveFileLookup", "true")
-              .option("maxFilesPerTrigger", max_files_per_trigger))
-    if inputs.glob:
-        reader = reader.option("pathGlobFilter", inputs.glob)
-    return ImageSource(reader.load(input_uri), format="images", encoding=ENCODED)
-
-
 class MicroBatchWriter:
-    """The foreachBatch function: batch N's images -> OUTPUT/batch=N, replacing any earlier attempt at N."""
+    """Batch N's files -> OUTPUT/batch=N, replacing any earlier attempt at N; one row per file."""
 
-    def __init__(self, spark: SparkSession, fs: HadoopFS, plan: InferencePlan, stats, output_uri: str,
-                 checkpoint_uri: str):
-        self.spark, self.fs, self.plan, self.stats = spark, fs, plan, stats
-        self.output_uri, self.checkpoint_uri = output_uri.rstrip("/"), checkpoint_uri.rstrip("/")
+    def __init__(self, spark: SparkSession, fs: HadoopFS, plan: InferencePlan, stats, output_uri: str, *,
+                 in_tasks: bool):
+        self.spark, self.fs, self.plan, self.stats, self.in_tasks = spark, fs, plan, stats, in_tasks
+        self.output_uri = output_uri.rstrip("/")
+        endpoint = plan.endpoint
+        self.schema = output_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)
         self.batches: list[dict] = []  # {batch, images, errors, elapsed_s}, this run's
 
-    def __call__(self, files: DataFrame, batch_id: int) -> None:
+    def write(self, batch_id: int, files: list[ListedFile]) -> None:
         started = time.perf_counter()
         target = f"{self.output_uri}/{BATCH_COLUMN}={batch_id}"
         # Under `_staging`, which readers of OUTPUT skip; the batch's own folder name stays readable for the count.
         staging = f"{self.output_uri}/{STAGING}/{BATCH_COLUMN}={batch_id}"
         self.fs.delete(staging)  # a killed attempt's leftovers
-        self._classify(files.select("path", "content"), staging, mode="error")
+        self._classify(self._images(files), staging, mode="error")
         written = self.spark.read.parquet(staging).select("path", F.col("error").isNotNull().alias("failed")).collect()
-        unread = sorted(set(self._taken_files(batch_id)) - {row.path for row in written})
-        if unread:  # zero-byte files: the scan drops them, the contract wants one row each (with its error)
-            self._classify(self.spark.createDataFrame([(p, b"") for p in unread], IMAGE_ROW_SCHEMA), staging,
-                           mode="append")
-        errors = sum(row.failed for row in written) + len(unread)
-        self.fs.delete(target)  # an earlier attempt at this batch, killed before Spark committed it
+        unread = sorted({f.path for f in files} - {row.path for row in written})
+        if unread:  # read by Spark (other filesystems): what its scan skipped still gets its row
+            sizes = {f.path: f.size for f in files}
+            self._append(self._error_rows([(p, unread_error(sizes[p], self.plan.decode_options.max_file_bytes))
+                                           for p in unread]), staging)
+        if len(written) + len(unread) != len(files):
+            raise RuntimeError(f"micro-batch {batch_id} wrote {len(written) + len(unread)} rows for {len(files)} "
+                               "files; nothing was committed, so the next run redoes it")
+        self.fs.delete(target)  # an earlier attempt at this batch, killed before the checkpoint marked it done
         self.fs.rename(staging, target)
-        self.batches.append({"batch": batch_id, "images": len(written) + len(unread), "errors": errors,
+        self.batches.append({"batch": batch_id, "images": len(files),
+                             "errors": sum(row.failed for row in written) + len(unread),
                              "elapsed_s": round(time.perf_counter() - started, 3)})
 
+    def _images(self, files: list[ListedFile]) -> DataFrame:
+        """(path, content): no content for local files (the tasks read them); else read by Spark here."""
+        if self.in_tasks:
+            return self.spark.createDataFrame([(f.path, None) for f in files], IMAGE_ROW_SCHEMA)
+        limit = self.plan.decode_options.max_file_bytes
+        readable = [f.path for f in files if 0 < f.size <= limit]
+        if not readable:
+            return self.spark.createDataFrame([], IMAGE_ROW_SCHEMA)
+        return (self.spark.read.format("binaryFile").option(NO_GLOB, "false").option("ignoreMissingFiles", "true")
+                .option("ignoreCorruptFiles", "true").load(readable).select("path", "content"))
+
     def _classify(self, images: DataFrame, uri: str, *, mode: str) -> None:
-        endpoint = self.plan.endpoint
-        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats, SPARK_TASK),
-                                    spark_ddl(output_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)))
+        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats, SPARK_TASK), spark_ddl(self.schema))
+        self._save(outputs, uri, mode)
+
+    def _append(self, rows: DataFrame, uri: str) -> None:
+        self._save(rows, uri, "append")
+
+    def _save(self, frame: DataFrame, uri: str, mode: str) -> None:
         try:
-            outputs.write.mode(mode).parquet(uri)
+            frame.write.mode(mode).parquet(uri)
         except Exception as e:
             self.fs.delete(uri)
             raise task_error(e) from e
 
-    def _taken_files(self, batch_id: int) -> list[str]:
-        """The files the stream's source took into this batch, from its logs in the checkpoint.
-
-        Batch N covers the source's log entries after batch N-1's end offset up to its own (offsets/N): usually
-        the one entry N, but more when a killed run had logged files it never got to."""
-        end = self._source_offset(batch_id)
-        start = self._source_offset(batch_id - 1) if batch_id > 0 else -1
-        folder = f"{self.checkpoint_uri}/{SOURCE_LOG}"
-        names = self.fs.list_names(folder)
-        texts: dict[str, str] = {}
-        paths: list[str] = []
-        for entry in range(start + 1, end + 1):
-            name = source_log_file(names, entry)
-            if name is None:
-                raise ConfigError(f"the checkpoint's source log {folder} has no entry {entry}: is this checkpoint "
-                                  "from another Spark version? Start a new one with --checkpoint")
-            if name not in texts:
-                texts[name] = self.fs.read_text(f"{folder}/{name}")
-            paths += source_log_paths(texts[name], entry)
-        return paths
-
-    def _source_offset(self, batch_id: int) -> int:
-        return source_offset(self.fs.read_text(f"{self.checkpoint_uri}/{OFFSETS_LOG}/{batch_id}"))
+    def _error_rows(self, errors: list[tuple[str, str]]) -> DataFrame:
+        """Output rows with only `path` and `error` set."""
+        rows = [tuple(path if field.name == "path" else error if field.name == "error" else None
+                      for field in self.schema) for path, error in errors]
+        return self.spark.createDataFrame(rows, spark_ddl(self.schema))
 
 
-def source_offset(text: str) -> int:
-    """The file source's end offset in an offsets log file: a version line, the batch metadata, then one line
-    per source (`{"logOffset": K}`)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    try:
-        return int(json.loads(lines[-1])["logOffset"])
-    except (IndexError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError("the checkpoint's offsets log is not in a format this version reads; start a new "
-                          "checkpoint") from e
-
-
-def source_log_file(names: list[str], batch_id: int) -> str | None:
-    """Which file of the source log holds entry `batch_id`: its own file, or (after compaction) the first
-    `K.compact` with K >= batch_id."""
-    if str(batch_id) in names:
-        return str(batch_id)
-    compacted = sorted(int(n.split(".")[0]) for n in names if n.endswith(".compact") and n.split(".")[0].isdigit())
-    return next((f"{k}.compact" for k in compacted if k >= batch_id), None)
-
-
-def source_log_paths(text: str, batch_id: int) -> list[str]:
-    """The files of source log entry `batch_id` in a source log file (a version line, then one JSON entry per
-    file), spelled as Spark's binaryFile `path` column spells them."""
-    lines = text.splitlines()
-    if not lines or not lines[0].startswith("v"):
-        raise ConfigError("the checkpoint's source log is not in a format this version reads; start a new one")
-    paths = []
-    for line in lines[1:]:
-        if line.strip():
-            entry = json.loads(line)
-            if entry.get("batchId") == batch_id:
-                paths.append(hadoop_path(entry["path"]))
-    return paths
-
-
-def hadoop_path(uri: str) -> str:
-    """The log's URL-encoded URI (file:///a%20b) as Hadoop's Path prints it (file:/a b)."""
-    parsed = urlparse(uri)
-    path = unquote(parsed.path)
-    return f"{parsed.scheme}://{parsed.netloc}{path}" if parsed.netloc else f"{parsed.scheme}:{path}"
+def unread_error(size: int, max_file_bytes: int) -> str:
+    """Why Spark's scan gave no row for a listed file of `size` bytes (the task's wording for the same cases)."""
+    if size == 0:
+        return "empty file (0 bytes)"
+    if size > max_file_bytes:
+        return f"file too large: {size} bytes, more than --max-file-bytes {max_file_bytes}"
+    return "cannot read file: it was gone or unreadable when its micro-batch ran"
 
 
 def run_summary(batches: list[dict], elapsed: float, batch_size: int | None, sidecars: list[dict]) -> dict:

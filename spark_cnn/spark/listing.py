@@ -26,12 +26,13 @@ _scandir = os.scandir  # module attribute, so a test can make one folder fail as
 
 @dataclass(frozen=True)
 class Entry:
-    """A file to read (`error` None; `size` in bytes, 0 when it cannot be stat'ed) or a folder that could not be
-    listed (`error` says why)."""
+    """A file to read (`error` None; `size` in bytes, 0 when it cannot be stat'ed; `mtime_ms` its modification
+    time, the link's own for a dangling link) or a folder that could not be listed (`error` says why)."""
 
     path: str
     size: int = 0
     error: str | None = None
+    mtime_ms: int = 0
 
 
 def is_hidden(name: str) -> bool:
@@ -104,8 +105,13 @@ def _file_entry(path: str) -> Entry | None:
     try:
         info = os.stat(path)
     except OSError:  # a dangling link, a loop of links: listed, so its read fails and it gets its error row
-        return Entry(path)
-    return Entry(path, info.st_size) if stat.S_ISREG(info.st_mode) else None
+        try:
+            return Entry(path, mtime_ms=os.lstat(path).st_mtime_ns // 1_000_000)
+        except OSError:
+            return Entry(path)
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return Entry(path, info.st_size, mtime_ms=info.st_mtime_ns // 1_000_000)
 
 
 def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,

@@ -1,5 +1,6 @@
-"""`spark-cnn etl` as cron would run it: a first run, new files, a run SIGKILLed midway, a rerun. Every image
-must end up in the output exactly once."""
+"""`spark-cnn etl` as cron would run it: a first run, new files, a run SIGKILLed midway, a rerun; files unpacked
+with their old modification times, and a copy still in progress while a run lists INPUT. Every image must end
+up in the output exactly once, with its complete content."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import os
 import shutil
 import signal
 import subprocess
+import tarfile
+import threading
 import time
+from datetime import datetime, timezone
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,9 +20,12 @@ import pytest
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.task.launcher import find_sidecars
 from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
-from tests.sample_images import broken_files, write_files
+from tests.sample_images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.e2e
+
+SETTLE_S = 2  # --settle-seconds of the runs that meet a copy in progress
+CHUNK_EVERY_S = 0.1  # the slow copy appends a chunk this often: its file never stays unchanged for SETTLE_S
 
 
 def _add_digits(demo_assets, root: str, start: int, per_class: int) -> list[str]:
@@ -58,7 +65,7 @@ def test_killed_run_then_rerun_lands_every_image_exactly_once(demo_assets, tmp_p
     expected += [os.path.join(source, rel) for rel in broken_files()]
     command = [os.path.join(BIN, "spark-cnn"), "etl", source, output, "--checkpoint", checkpoint,
                "--model", DIGITS_FACTORY, "--weights", demo_assets.weights, "--labels", demo_assets.labels,
-               "--master", "local[2]"]
+               "--master", "local[2]", "--settle-seconds", "0"]
 
     first = run_command([*command, "--summary", str(tmp_path / "first.json")])
     assert first.returncode == 0, first.stderr[-3000:]
@@ -73,7 +80,7 @@ def test_killed_run_then_rerun_lands_every_image_exactly_once(demo_assets, tmp_p
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_S
-        while not os.path.exists(os.path.join(checkpoint, "commits", "2")) and killed.poll() is None:
+        while not os.path.exists(os.path.join(checkpoint, "done", "2")) and killed.poll() is None:
             assert time.monotonic() < deadline, "the second run never committed two micro-batches"
             time.sleep(0.05)
     finally:
@@ -84,7 +91,7 @@ def test_killed_run_then_rerun_lands_every_image_exactly_once(demo_assets, tmp_p
     while _processes_in_group(killed.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _processes_in_group(killed.pid) == [], "the killed driver left processes (its JVM) behind"
-    committed = {int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit()}
+    committed = {int(n) for n in os.listdir(os.path.join(checkpoint, "done")) if n.isdigit()}
     batches = pq.read_table(output, columns=["batch"]).column("batch").to_pylist()
     done_before_rerun = sum(1 for b in batches if b in committed)  # a batch written but not committed is redone
     assert 23 < done_before_rerun < len(expected), "the kill was not midway through the new files"
@@ -101,3 +108,64 @@ def test_killed_run_then_rerun_lands_every_image_exactly_once(demo_assets, tmp_p
     while {s.pid for s in find_sidecars()} - sidecars_before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert {s.pid for s in find_sidecars()} - sidecars_before == set(), "a sidecar outlived its run"
+
+
+def test_unpacked_old_files_and_a_copy_in_progress_land_exactly_once_and_whole(demo_assets, tmp_path):
+    source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    command = [os.path.join(BIN, "spark-cnn"), "etl", source, output, "--checkpoint", checkpoint,
+               "--model", DIGITS_FACTORY, "--weights", demo_assets.weights, "--labels", demo_assets.labels,
+               "--master", "local[2]", "--settle-seconds", str(SETTLE_S), "--quiet"]
+    expected = _add_digits(demo_assets, source, 0, 1)
+    for path in expected:  # settled before the first run lists them
+        os.utime(path, (time.time() - 60, time.time() - 60))
+
+    # A copy in progress during the whole first run: a chunk every CHUNK_EVERY_S, the rest once the run is over.
+    photo = real_image_files()["photos/china.jpg"]
+    copying = os.path.join(source, "photos", "china.jpg")
+    os.makedirs(os.path.dirname(copying))
+    first_done = threading.Event()
+    chunk = max(1, len(photo) // 3000)  # 3000 chunks: longer than any run (JOB_TIMEOUT_S)
+
+    def slow_copy():
+        with open(copying, "wb") as f:
+            sent = 0
+            while not first_done.is_set() and sent < len(photo) - 1:
+                f.write(photo[sent:min(sent + chunk, len(photo) - 1)])
+                f.flush()
+                sent = min(sent + chunk, len(photo) - 1)
+                time.sleep(CHUNK_EVERY_S)
+            first_done.wait()
+            f.write(photo[sent:])
+
+    writer = threading.Thread(target=slow_copy)
+    writer.start()
+    try:
+        first = run_command([*command, "--summary", str(tmp_path / "first.json")])
+    finally:
+        first_done.set()
+        writer.join()
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads((tmp_path / "first.json").read_text())
+    assert (summary["images"], summary["errors"], summary["waiting"]) == (len(expected), 0, 1)
+
+    # An archive of images from 2001, unpacked with their modification times (`tar x`, as `cp -p` or `rsync -a`):
+    # far older than everything the first run took.
+    old = str(tmp_path / "old")
+    old_files = _add_digits(demo_assets, old, 1, 1)
+    for path in old_files:
+        os.utime(path, (datetime(2001, 1, 1, tzinfo=timezone.utc).timestamp(),) * 2)
+    with tarfile.open(tmp_path / "old.tar", "w") as archive:
+        archive.add(old, arcname="unpacked")
+    assert subprocess.run(["tar", "-xf", str(tmp_path / "old.tar"), "-C", source]).returncode == 0
+    unpacked = [os.path.join(source, "unpacked", os.path.relpath(p, old)) for p in old_files]
+    assert os.path.getmtime(unpacked[0]) < time.time() - 86400 * 365
+    expected += [*unpacked, copying]
+
+    time.sleep(SETTLE_S)  # the finished copy settles
+    second = run_command([*command, "--summary", str(tmp_path / "second.json")])
+    assert second.returncode == 0, second.stderr[-3000:]
+    summary = json.loads((tmp_path / "second.json").read_text())
+    assert (summary["images"], summary["errors"], summary["waiting"]) == (len(unpacked) + 1, 0, 0)
+    rows = _rows_per_path(output)
+    assert sorted(rows) == sorted(expected)
+    assert set(rows.values()) == {1}, {p: n for p, n in rows.items() if n != 1}

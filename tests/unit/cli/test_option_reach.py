@@ -46,7 +46,8 @@ SAMPLES = {
     "max_file_bytes": ["--max-file-bytes", "2048"], "logits": ["--logits"], "embeddings": ["--embeddings"],
     "master": ["--master", "local[1]"], "summary": ["--summary", "s.json"], "partition_by": ["--partition-by", "label"],
     "overwrite": ["--overwrite"], "quiet": ["--quiet"], "checkpoint": ["--checkpoint", "elsewhere"],
-    "max_files_per_trigger": ["--max-files-per-trigger", "7"], "codec": ["--codec", "jpeg"],
+    "max_files_per_trigger": ["--max-files-per-trigger", "7"], "settle_seconds": ["--settle-seconds", "5"],
+    "codec": ["--codec", "jpeg"],
     "jpeg_quality": ["--jpeg-quality", "80"], "row_group_mb": ["--row-group-mb", "8"],
 }
 
@@ -71,8 +72,9 @@ JOBS = {
     "embed": INFERENCE,
     "etl": {**INFERENCE, "input_format": REFUSED, "image_column": REFUSED, "path_column": REFUSED,
             "label_column": REFUSED, "partition_by": REFUSED, "overwrite": REFUSED,
-            "checkpoint": driver("the stream's checkpoint location (which files are done)"),
-            "max_files_per_trigger": driver("the stream's micro-batch size (maxFilesPerTrigger)")},
+            "checkpoint": driver("the ETL's checkpoint location (which files are done)"),
+            "max_files_per_trigger": driver("the ETL's micro-batch size (files per batch)"),
+            "settle_seconds": driver("which listed files a run takes (etl_listing.settled)")},
     "to-petastorm": {
         "input": PATHS, "output": PATHS,
         "input_format": READER, "glob": READER, "image_column": READER, "path_column": READER,

@@ -13,7 +13,8 @@ from spark_cnn.cli.run import resolve_preset
 from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_REQUEST_ROWS, ClassifyConfig
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.spark.conf import parse_properties
-from spark_cnn.spark.etl_job import hadoop_path, run_summary, source_log_file, source_log_paths, source_offset
+from spark_cnn.spark.etl_job import run_summary
+from spark_cnn.spark.etl_log import hadoop_path, source_log_file, source_log_paths, source_offset
 
 
 def _classify_flags(*flags: str) -> dict:
@@ -203,7 +204,7 @@ def test_parse_properties():
                                       "spark.x": ""}
 
 
-# --- the ETL's reading of the stream's source log --------------------------------------------------------------
+# --- the ETL's reading of an earlier version's stream source log ------------------------------------------
 
 def test_source_log_file_finds_a_batch_before_and_after_compaction():
     assert source_log_file(["0", "1", ".1.crc"], 1) == "1"

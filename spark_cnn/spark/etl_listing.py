@@ -1,0 +1,80 @@
+"""Which files under the ETL's INPUT are there, and which of them are ready to be taken.
+
+The ETL lists INPUT itself (not through Spark's file stream source): Spark's source skips files whose
+modification time is older than its `maxFileAge` window behind the newest file it has seen, and it takes a
+file the moment it is listed, half-written or not. Here every visible file is a candidate whatever its
+modification time, and a file is taken only once it has settled: nothing has changed it for the settle time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from spark_cnn.spark.listing import is_hidden, matches_glob, walk_files
+from spark_cnn.spark.storage import local_path
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """A file as one listing saw it: `path` spelled as Spark's file listing spells it (`file:/a b.jpg`)."""
+
+    path: str
+    size: int
+    mtime_ms: int
+
+
+def list_input(spark: SparkSession, input_uri: str, glob: str | None) -> list[ListedFile]:
+    """Every visible file under `input_uri`, recursively (Spark's hidden-name rule; names matching `glob`)."""
+    local = local_path(input_uri)
+    if local is not None:
+        return list_local(local, glob)
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(input_uri)
+    files = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(root, True)
+    found = []
+    while files.hasNext():
+        status = files.next()
+        name = status.getPath().toString()
+        relative = name[len(root.toString()):].strip("/").split("/")
+        if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
+            found.append(ListedFile(name, int(status.getLen()), int(status.getModificationTime())))
+    return found
+
+
+def list_local(folder: str, glob: str | None) -> list[ListedFile]:
+    """The visible files under a local folder, as classify's listing walks it (regular files, and dangling links,
+    whose rows say so; each real folder once). An unreadable folder is left out, so its files come once it can be
+    read."""
+    return [ListedFile("file:" + entry.path, entry.size, entry.mtime_ms)
+            for entry in walk_files(folder, glob=glob) if entry.error is None]
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A file not yet settled: its size and modification time when first seen so, and when that was."""
+
+    size: int
+    mtime_ms: int
+    since_ms: int
+
+
+def settled(listed: list[ListedFile], taken: set[str], waiting: dict[str, Waiting], now_ms: int,
+            settle_ms: int) -> tuple[list[ListedFile], dict[str, Waiting]]:
+    """The files not yet taken that are ready (oldest first), and those still waiting.
+
+    Ready: modified at least `settle_ms` ago, or seen with the same size and modification time by a run at least
+    `settle_ms` ago (a modification time in the future, from an archive or a clock ahead of ours)."""
+    ready, still = [], {}
+    for f in listed:
+        if f.path in taken:
+            continue
+        before = waiting.get(f.path)
+        unchanged = before is not None and (before.size, before.mtime_ms) == (f.size, f.mtime_ms)
+        if settle_ms <= 0 or f.mtime_ms <= now_ms - settle_ms or (unchanged and now_ms - before.since_ms >= settle_ms):
+            ready.append(f)
+        else:
+            still[f.path] = before if unchanged else Waiting(f.size, f.mtime_ms, now_ms)
+    ready.sort(key=lambda f: (f.mtime_ms, f.path))
+    return ready, still

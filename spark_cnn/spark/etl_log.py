@@ -1,0 +1,211 @@
+"""The ETL's checkpoint: which files each micro-batch took, which batches are committed, which files wait.
+
+Layout under CHECKPOINT (any Hadoop URI):
+  batches/N          batch N's files, written before the batch runs: `v1`, one JSON line per file, `end K`
+  batches/N.compact  every file of batches 0..N (all committed), which replaces their own files
+  done/N             written once OUTPUT/batch=N is in place
+  waiting.json       files seen but not settled yet, with when they were first seen unchanged
+
+A batch file without its `end` line was cut short by a kill before its batch could start: it is dropped and
+its files are planned again. A planned batch without `done/N` is replayed with the same files. The set of
+taken files (all batches) is held in memory: its size grows with every file ever taken, as Spark's own file
+source log does (Spark restores all of its entries into memory at every start).
+
+A checkpoint left by the Structured Streaming ETL of earlier versions (`offsets/`, `commits/`, `sources/0/`) is
+read once: its committed files become a compacted batch, its logged but uncommitted files the batch to replay.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote, urlparse
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.spark.etl_listing import ListedFile, Waiting
+from spark_cnn.spark.storage import HadoopFS
+
+BATCHES, DONE, WAITING = "batches", "done", "waiting.json"
+VERSION = "v1"
+COMPACT_EVERY = 100  # committed batch files beyond this many are folded into one `.compact` file
+LEGACY_SOURCE_LOG, LEGACY_OFFSETS, LEGACY_COMMITS = "sources/0", "offsets", "commits"
+
+
+class EtlLog:
+    """Read and write one ETL checkpoint."""
+
+    def __init__(self, fs: HadoopFS, checkpoint_uri: str):
+        self.fs, self.root = fs, checkpoint_uri.rstrip("/")
+        if not self.fs.exists(f"{self.root}/{BATCHES}") and self.fs.exists(f"{self.root}/{LEGACY_SOURCE_LOG}"):
+            self._import_legacy()
+        self.taken: set[str] = set()
+        self.last_batch = -1  # the highest batch planned
+        self._compacted = -1  # batches up to here live in one .compact file
+        self._load()
+
+    # ---- reading --------------------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        names = self.fs.list_names(f"{self.root}/{BATCHES}")
+        compacts = sorted(int(n.split(".")[0]) for n in names if n.endswith(".compact") and n.split(".")[0].isdigit())
+        for k in reversed(compacts):  # the newest complete one; an older one is kept until a newer one is whole
+            paths = self._read_entries(f"{BATCHES}/{k}.compact")
+            if paths is not None:
+                self.taken.update(entry["path"] for entry in paths)
+                self._compacted = self.last_batch = k
+                break
+        for n in sorted(int(n) for n in names if n.isdigit()):
+            entries = self._read_planned(n)
+            if entries is None:  # cut short by a kill while it was written: its batch never started
+                self.fs.delete(f"{self.root}/{BATCHES}/{n}")
+                continue
+            self.taken.update(entry["path"] for entry in entries)
+            self.last_batch = max(self.last_batch, n)
+
+    def _read_planned(self, n: int) -> list[dict] | None:
+        """Batch n's entries; None when a kill cut its file short (only possible before its batch was done)."""
+        if self.fs.exists(f"{self.root}/{DONE}/{n}"):
+            entries = self._read_entries(f"{BATCHES}/{n}")
+            if entries is None:
+                raise ConfigError(f"the checkpoint file {self.root}/{BATCHES}/{n} is incomplete but its batch is "
+                                  "done: the checkpoint was changed; start a new one (and OUTPUT) with --checkpoint")
+            return entries
+        try:
+            return self._read_entries(f"{BATCHES}/{n}")
+        except ConfigError:
+            raise
+        except Exception:  # its checksum file too was cut short (Hadoop's local filesystem)
+            return None
+
+    def _read_entries(self, name: str) -> list[dict] | None:
+        """The entries of a batch or compact file; None when it lacks its end line (a kill while writing)."""
+        lines = [line for line in self.fs.read_text(f"{self.root}/{name}").splitlines() if line.strip()]
+        if len(lines) < 2 or lines[-1] != f"end {len(lines) - 2}":
+            return None
+        if lines[0] != VERSION:
+            raise ConfigError(f"the checkpoint file {self.root}/{name} is not in a format this version reads; "
+                              "start a new checkpoint (and OUTPUT) with --checkpoint")
+        return [json.loads(line) for line in lines[1:-1]]
+
+    def pending_batch(self) -> tuple[int, list[ListedFile]] | None:
+        """The last planned batch when it was never committed (a killed run): its number and files."""
+        n = self.last_batch
+        if n < 0 or n <= self._compacted or self.fs.exists(f"{self.root}/{DONE}/{n}"):
+            return None
+        entries = self._read_planned(n) or []
+        return n, [ListedFile(e["path"], e.get("size", 0), e.get("mtime_ms", 0)) for e in entries]
+
+    def waiting(self) -> dict[str, Waiting]:
+        uri = f"{self.root}/{WAITING}"
+        if not self.fs.exists(uri):
+            return {}
+        try:
+            return {path: Waiting(*values) for path, values in json.loads(self.fs.read_text(uri)).items()}
+        except (ValueError, TypeError):  # cut short by a kill: those files wait one settle time more
+            return {}
+
+    # ---- writing --------------------------------------------------------------------------------------------
+
+    def plan(self, files: list[ListedFile]) -> int:
+        """Record a new batch's files before it runs; returns its number."""
+        n = self.last_batch + 1
+        self._write_entries(f"{BATCHES}/{n}", [{"path": f.path, "size": f.size, "mtime_ms": f.mtime_ms}
+                                               for f in files])
+        self.last_batch = n
+        self.taken.update(f.path for f in files)
+        return n
+
+    def commit(self, n: int) -> None:
+        self.fs.write_text(f"{self.root}/{DONE}/{n}", "")
+
+    def set_waiting(self, waiting: dict[str, Waiting]) -> None:
+        uri = f"{self.root}/{WAITING}"
+        if waiting:
+            self.fs.write_text(uri, json.dumps({p: [w.size, w.mtime_ms, w.since_ms] for p, w in waiting.items()}))
+        else:
+            self.fs.delete(uri)
+
+    def compact(self) -> None:
+        """Fold the batches' files into one file once there are more than COMPACT_EVERY of them, all committed."""
+        names = self.fs.list_names(f"{self.root}/{BATCHES}")
+        if sum(name.isdigit() for name in names) <= COMPACT_EVERY or self.pending_batch() is not None:
+            return
+        k = self.last_batch
+        self._write_entries(f"{BATCHES}/{k}.compact", [{"path": p} for p in sorted(self.taken)])
+        for name in names:  # only now that the compact file is whole
+            number = name.split(".")[0]
+            if number.isdigit() and int(number) <= k and name != f"{k}.compact":
+                self.fs.delete(f"{self.root}/{BATCHES}/{name}")
+                self.fs.delete(f"{self.root}/{DONE}/{number}")
+        self._compacted = k
+
+    def _write_entries(self, name: str, entries: list[dict]) -> None:
+        lines = [VERSION, *(json.dumps(e, separators=(",", ":")) for e in entries), f"end {len(entries)}"]
+        self.fs.write_text(f"{self.root}/{name}", "\n".join(lines) + "\n")
+
+    # ---- the Structured Streaming checkpoint of earlier versions ----------------------------------------------
+
+    def _import_legacy(self) -> None:
+        commits = [int(n) for n in self.fs.list_names(f"{self.root}/{LEGACY_COMMITS}") if n.isdigit()]
+        committed = max(commits, default=-1)
+        done_offset = self._legacy_offset(committed) if committed >= 0 else -1
+        log_names = self.fs.list_names(f"{self.root}/{LEGACY_SOURCE_LOG}")
+        last_entry = max((int(n.split(".")[0]) for n in log_names if n.split(".")[0].isdigit()), default=-1)
+        done, replay = [], []
+        texts: dict[str, str] = {}
+        for entry in range(last_entry + 1):
+            name = source_log_file(log_names, entry)
+            if name is None:
+                raise ConfigError(f"the checkpoint's source log {self.root}/{LEGACY_SOURCE_LOG} has no entry {entry}: "
+                                  "start a new checkpoint (and OUTPUT) with --checkpoint")
+            if name not in texts:
+                texts[name] = self.fs.read_text(f"{self.root}/{LEGACY_SOURCE_LOG}/{name}")
+            (done if entry <= done_offset else replay).extend(source_log_paths(texts[name], entry))
+        if committed >= 0:
+            self._write_entries(f"{BATCHES}/{committed}.compact", [{"path": p} for p in done])
+        if replay:  # logged by a run killed before committing them: the next batch number replays them
+            self._write_entries(f"{BATCHES}/{committed + 1}", [{"path": p} for p in replay])
+
+    def _legacy_offset(self, batch_id: int) -> int:
+        return source_offset(self.fs.read_text(f"{self.root}/{LEGACY_OFFSETS}/{batch_id}"))
+
+
+def source_offset(text: str) -> int:
+    """The file source's end offset in an offsets log file: a version line, the batch metadata, then one line
+    per source (`{"logOffset": K}`)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    try:
+        return int(json.loads(lines[-1])["logOffset"])
+    except (IndexError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("the checkpoint's offsets log is not in a format this version reads; start a new "
+                          "checkpoint") from e
+
+
+def source_log_file(names: list[str], batch_id: int) -> str | None:
+    """Which file of the source log holds entry `batch_id`: its own file, or (after compaction) the first
+    `K.compact` with K >= batch_id."""
+    if str(batch_id) in names:
+        return str(batch_id)
+    compacted = sorted(int(n.split(".")[0]) for n in names if n.endswith(".compact") and n.split(".")[0].isdigit())
+    return next((f"{k}.compact" for k in compacted if k >= batch_id), None)
+
+
+def source_log_paths(text: str, batch_id: int) -> list[str]:
+    """The files of source log entry `batch_id` in a source log file (a version line, then one JSON entry per
+    file), spelled as Spark's binaryFile `path` column spells them."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("v"):
+        raise ConfigError("the checkpoint's source log is not in a format this version reads; start a new one")
+    paths = []
+    for line in lines[1:]:
+        if line.strip():
+            entry = json.loads(line)
+            if entry.get("batchId") == batch_id:
+                paths.append(hadoop_path(entry["path"]))
+    return paths
+
+
+def hadoop_path(uri: str) -> str:
+    """The log's URL-encoded URI (file:///a%20b) as Hadoop's Path prints it (file:/a b)."""
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    return f"{parsed.scheme}://{parsed.netloc}{path}" if parsed.netloc else f"{parsed.scheme}:{path}"
