@@ -31,7 +31,10 @@ from tests.sample_images import broken_files, digits_subset, write_files
 
 pytestmark = pytest.mark.e2e
 
-IMAGES = 603  # 60 digits per class and three broken files: ~19 tasks
+IMAGES = 603  # 60 digits per class and three broken files: ~19 tasks with SMALL_PARTITIONS
+# Spark's split size for these jobs: partitions of ~32 images, so that a job still has tasks to run after its
+# first commit (at the default split, 603 tiny files make two tasks that finish together).
+SMALL_PARTITIONS = "spark.sql.files.maxPartitionBytes 8m\n"
 # The executor's sidecar polls its JVM every 0.5 s; on a loaded host it must still notice within this.
 SIDECAR_EXIT_BOUND_S = 10.0
 HANG_TIMEOUT_S = 5  # --request-timeout of the hang test
@@ -61,6 +64,14 @@ def _summary(output: str) -> dict:
         return json.load(f)
 
 
+@pytest.fixture(scope="module")
+def small_partitions(tmp_path_factory) -> dict:
+    """The environment of a job whose Spark reads SMALL_PARTITIONS from its spark-defaults.conf."""
+    conf_dir = tmp_path_factory.mktemp("conf")
+    (conf_dir / "spark-defaults.conf").write_text(SMALL_PARTITIONS)
+    return {**os.environ, "SPARK_CONF_DIR": str(conf_dir)}
+
+
 def _watch_job(args: list[str], env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -75,11 +86,13 @@ def _finish(job: subprocess.Popen) -> tuple[int, str]:
     return job.returncode, err
 
 
-def test_killed_executor_jvm_tasks_rerun_its_sidecar_exits_output_exact(demo_assets, digits, clean, tmp_path):
+def test_killed_executor_jvm_tasks_rerun_its_sidecar_exits_output_exact(demo_assets, digits, clean, tmp_path,
+                                                                         small_partitions):
     output = str(tmp_path / "out")
     runtime = os.environ[RUNTIME_DIR_ENV]
     before = set(sidecar_processes(runtime))
-    job = _watch_job(classify_args(demo_assets, digits, output, "--master", "local-cluster[2,1,1024]"))
+    job = _watch_job(classify_args(demo_assets, digits, output, "--master", "local-cluster[2,1,1024]"),
+                     env=small_partitions)
     try:
         ready = wait_for(lambda: committed_tasks(output) >= 1 and len(set(sidecar_processes(runtime)) - before) >= 2,
                          JOB_TIMEOUT_S)
@@ -121,13 +134,14 @@ def test_injected_out_of_memory_halves_the_batch_and_the_output_is_exact(demo_as
           f"back-offs {sum(s['oom_backoffs'] for s in summary['sidecars'])}, job {summary['elapsed_s']:.1f} s")
 
 
-def test_hung_sidecar_fails_the_task_naming_it_and_the_retry_succeeds(demo_assets, digits, clean, tmp_path):
+def test_hung_sidecar_fails_the_task_naming_it_and_the_retry_succeeds(demo_assets, digits, clean, tmp_path,
+                                                                       small_partitions):
     output = str(tmp_path / "out")
     runtime = os.environ[RUNTIME_DIR_ENV]
     before = set(sidecar_processes(runtime))
     # local[2,2]: two cores, and a failed task is tried once more.
     job = _watch_job(classify_args(demo_assets, digits, output, "--master", "local[2,2]",
-                                   "--request-timeout", str(HANG_TIMEOUT_S)))
+                                   "--request-timeout", str(HANG_TIMEOUT_S)), env=small_partitions)
     try:
         assert wait_for(lambda: committed_tasks(output) >= 1 and set(sidecar_processes(runtime)) - before,
                         JOB_TIMEOUT_S), "the job committed no task"
