@@ -169,3 +169,16 @@ def test_explicit_preprocessing_overrides_the_weights(torch_home):
     prep = resolve_endpoint(spec).endpoint.preprocessing
     assert (prep.resize, prep.crop, prep.interpolation, prep.mean) == (160, 128, "bicubic", (0.5,) * 3)
     assert prep.std == (0.229, 0.224, 0.225)  # not overridden: the weights'
+
+
+def test_the_classify_command_takes_weights_names_and_interpolation(torch_home):
+    from spark_cnn.cli import build_parser, classify
+
+    seed_weights(torch_home, "mobilenet_v3_small")
+    args = build_parser().parse_args(["classify", "in/", "out/", "--model", "mobilenet_v3_small", "--weights",
+                                      "MobileNet_V3_Small_Weights.IMAGENET1K_V1", "--interpolation", "bicubic"])
+    checked = check_model(classify.classify_config(args).inference)
+    assert checked.weights_label == "MobileNet_V3_Small_Weights.IMAGENET1K_V1"
+    assert (checked.endpoint.preprocessing.interpolation, checked.endpoint.preprocessing.resize) == ("bicubic", 256)
+    with pytest.raises(SystemExit):  # argparse: choices from imaging.preprocess.INTERPOLATIONS
+        build_parser().parse_args(["classify", "in/", "out/", "--interpolation", "nearest"])
