@@ -182,3 +182,11 @@ def test_the_classify_command_takes_weights_names_and_interpolation(torch_home):
     assert (checked.endpoint.preprocessing.interpolation, checked.endpoint.preprocessing.resize) == ("bicubic", 256)
     with pytest.raises(SystemExit):  # argparse: choices from imaging.preprocess.INTERPOLATIONS
         build_parser().parse_args(["classify", "in/", "out/", "--interpolation", "nearest"])
+
+
+def test_profile_and_plan_use_the_named_weights_and_their_crop(torch_home):
+    from spark_cnn.perf.commands import _model_and_cost
+
+    seed_weights(torch_home, "efficientnet_b1", "IMAGENET1K_V2")
+    _, shape, _, label = _model_and_cost(ModelSpec("efficientnet_b1", weights="IMAGENET1K_V2"))
+    assert (shape, label) == ((3, 240, 240), "EfficientNet_B1_Weights.IMAGENET1K_V2")
