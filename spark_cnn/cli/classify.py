@@ -10,6 +10,7 @@ from spark_cnn.cli.common import floats
 from spark_cnn.cli.resolution import Option, flags_only, given
 from spark_cnn.config import INPUT_FORMATS, ON_ERROR_CHOICES, PARTITION_COLUMNS
 from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
+from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.task.client import REPLY_TIMEOUT_S
 from spark_cnn.task.run_options import DECODE_CHOICES, PRECISIONS
 
@@ -46,18 +47,24 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="resnet50",
                        help="torchvision model name, TorchScript file, or module:factory (default: resnet50)")
-    model.add_argument("--weights", help="state_dict file for the model (loaded with weights_only=True)")
+    model.add_argument("--weights", help="state_dict file (loaded with weights_only=True); for a torchvision model "
+                                         "also its weights by name (DEFAULT, IMAGENET1K_V2, ResNet50_Weights."
+                                         "IMAGENET1K_V2: from TORCH_HOME's cache, else downloaded once), or random")
     if embed:
         model.add_argument("--layer", help="module whose output is the embedding (a name from the model's "
                                            "named_modules(), e.g. layer4; averaged over space; default: the "
                                            "input of the last Linear layer)")
     else:
-        model.add_argument("--labels", help="class names, one per line, in class-index order")
+        model.add_argument("--labels", help="class names, one per line, in class-index order (default: the named "
+                                            "torchvision weights' categories)")
         model.add_argument("--top-k", type=int, help="classes to keep per image (default: min(5, classes))")
-    model.add_argument("--resize", type=int, help="shorter side before cropping (default: the model's, else 256)")
-    model.add_argument("--crop", type=int, help="centre crop size (default: the model's, else 224)")
-    model.add_argument("--mean", type=floats, help="normalisation mean, R,G,B (default: ImageNet)")
-    model.add_argument("--std", type=floats, help="normalisation std, R,G,B (default: ImageNet)")
+    model.add_argument("--resize", type=int, help="shorter side before cropping (default: the weights' or the "
+                                                  "model's, else 256)")
+    model.add_argument("--crop", type=int, help="centre crop size (default: the weights' or the model's, else 224)")
+    model.add_argument("--interpolation", choices=INTERPOLATIONS,
+                       help="resize filter (default: the weights' or the model's, else bilinear)")
+    model.add_argument("--mean", type=floats, help="normalisation mean, R,G,B (default: the weights', else ImageNet)")
+    model.add_argument("--std", type=floats, help="normalisation std, R,G,B (default: the weights', else ImageNet)")
     run = parser.add_argument_group("run")
     run.add_argument("--master", help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
     run.add_argument("--batch-size", default="auto", help="rows per device batch: auto or N")
@@ -126,8 +133,8 @@ def classify_config(args: argparse.Namespace, *, embed: bool = False, preset: di
 
 
 # Options that describe the model rather than the job: they become the ModelSpec.
-MODEL_OPTIONS = ("model", "weights", "resize", "crop", "mean", "std")
-PREPROCESSING_OPTIONS = ("resize", "crop", "mean", "std")
+MODEL_OPTIONS = ("model", "weights", "resize", "crop", "interpolation", "mean", "std")
+PREPROCESSING_OPTIONS = ("resize", "crop", "interpolation", "mean", "std")
 
 
 def config_from(values: dict, config: type | None = None):

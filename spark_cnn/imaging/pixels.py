@@ -60,7 +60,8 @@ def rgb_from_array(array: np.ndarray) -> np.ndarray:
 
 def preprocess_rgb(rgb: np.ndarray, prep: Preprocessing) -> np.ndarray:
     """Decoded RGB pixels -> uint8 array of shape `prep.pixel_shape`, by the same resize and crop as files."""
-    image = center_crop(resize_shorter_side(Image.fromarray(rgb, mode="RGB"), prep.resize), prep.crop)
+    image = center_crop(resize_shorter_side(Image.fromarray(rgb, mode="RGB"), prep.resize,
+                                           interpolation=prep.interpolation), prep.crop)
     pixels = np.asarray(image, dtype=np.uint8)
     if pixels.shape != prep.pixel_shape:
         raise ImageError(f"preprocessed image has shape {pixels.shape}, expected {prep.pixel_shape}")

@@ -18,19 +18,23 @@ from spark_cnn.errors import ConfigError, ImageError
 from spark_cnn.imaging.decode import decode_for_resize, decode_rgb
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 
-__all__ = ["DEFAULT_CROP", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "Preprocessing", "center_crop",
-           "decode_rgb", "preprocess_pixels", "resize_shorter_side"]
+__all__ = ["DEFAULT_CROP", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "Preprocessing",
+           "center_crop", "decode_rgb", "preprocess_pixels", "resize_shorter_side"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 # torchvision's classification weights are evaluated at resize 256 / crop 224.
 DEFAULT_RESIZE = 256
 DEFAULT_CROP = 224
+# Resampling filters, as torchvision's InterpolationMode values name them (its weights ask for one of these).
+INTERPOLATIONS = ("bilinear", "bicubic")
+_RESAMPLE = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
 
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How an image becomes model input: RGB, shorter side to `resize`, centre crop `crop`, then mean/std.
+    """How an image becomes model input: RGB, shorter side to `resize` (with `interpolation`), centre crop
+    `crop`, then mean/std.
 
     >>> Preprocessing(resize=32, crop=32, mean=(0.5,) * 3, std=(0.5,) * 3).crop
     32
@@ -40,8 +44,11 @@ class Preprocessing:
     crop: int = DEFAULT_CROP
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
+    interpolation: str = INTERPOLATIONS[0]
 
     def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ConfigError(f"--interpolation {self.interpolation}: expected one of {', '.join(INTERPOLATIONS)}")
         object.__setattr__(self, "mean", tuple(float(m) for m in self.mean))
         object.__setattr__(self, "std", tuple(float(s) for s in self.std))
         if self.resize < 1 or self.crop < 1:
@@ -68,8 +75,10 @@ class Preprocessing:
         return (self.crop, self.crop, 3)
 
 
-def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | None = None) -> Image.Image:
-    """Resize so the shorter side is `size`, as torchvision's `Resize(size)` does (bilinear, antialiased).
+def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | None = None,
+                        interpolation: str = INTERPOLATIONS[0]) -> Image.Image:
+    """Resize so the shorter side is `size`, as torchvision's `Resize(size, interpolation)` does on a PIL image
+    (Pillow's filter, which is antialiased).
 
     box: the part of `image` that holds the picture (imaging.decode.decode_for_resize); the new size is
     computed from its width and height, as from the full-size picture's.
@@ -80,7 +89,7 @@ def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | 
         return image
     new_short, new_long = size, int(size * long / short)
     new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
-    return image.resize((new_w, new_h), Image.BILINEAR, box=box)
+    return image.resize((new_w, new_h), _RESAMPLE[interpolation], box=box)
 
 
 def center_crop(image: Image.Image, size: int) -> Image.Image:
@@ -99,7 +108,7 @@ def preprocess_pixels(data: bytes, prep: Preprocessing, options: DecodeOptions =
     """
     image, box = decode_for_resize(data, options, min_short_side=prep.resize)
     try:
-        image = center_crop(resize_shorter_side(image, prep.resize, box), prep.crop)
+        image = center_crop(resize_shorter_side(image, prep.resize, box, prep.interpolation), prep.crop)
         pixels = np.asarray(image, dtype=np.uint8)
     except Exception as e:  # e.g. MemoryError: this image fails, the task goes on
         raise ImageError(f"cannot resize image: {type(e).__name__}: {e}") from e

@@ -7,6 +7,7 @@ you import. State dicts are loaded with `weights_only=True`, which refuses pickl
 from __future__ import annotations
 
 import importlib
+import re
 
 import torch
 import torchvision
@@ -16,14 +17,21 @@ from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import model_kind
 
-# Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads.
+# Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads. Built for
+# given weights, they are built as torchvision builds them for its pretrained weights: the input transform on
+# (`transform_input=True`: the weights expect it) and the auxiliary heads off.
 AUX_HEAD_MODELS = {"googlenet": ("aux1.", "aux2."), "inception_v3": ("AuxLogits.",)}
+# torchvision's densenet files keep the old key names ('norm.1'); its builder renames them on load, as we do.
+_DENSENET_OLD_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|"
+                               r"running_var))$")
 # A module (or factory) may declare its own preprocessing as this attribute: a dict of Preprocessing fields.
 PREPROCESSING_ATTRIBUTE = "spark_cnn_preprocessing"
 
 
-def build_module(source: str, weights: str | None = None) -> nn.Module:
-    """The model named by `source`, weights loaded, in eval mode, on the CPU."""
+def build_module(source: str, weights: str | None = None, weights_enum: str | None = None) -> nn.Module:
+    """The model named by `source`, weights loaded, in eval mode, on the CPU. `weights_enum`: the torchvision
+    weights (`ResNet50_Weights.IMAGENET1K_V2`) the `weights` file holds; the model is built as torchvision's
+    builder builds it for them (`get_model(name, weights=...)`), without torchvision's pickle-trusting load."""
     kind = model_kind(source)
     if kind == "torchscript":
         try:
@@ -33,9 +41,9 @@ def build_module(source: str, weights: str | None = None) -> nn.Module:
     elif kind == "factory":
         module = _from_factory(source)
     else:
-        module = _torchvision_model(source)
+        module = _torchvision_model(source, pretrained=bool(weights), weights_enum=weights_enum)
     if weights:
-        module = _load_weights(module, source, weights)
+        module = _load_weights(module, source, weights, weights_enum)
     return module.eval()
 
 
@@ -44,15 +52,24 @@ def declared_preprocessing(module: nn.Module) -> Preprocessing | None:
     return Preprocessing.from_dict(dict(declared)) if declared else None
 
 
-def _torchvision_model(name: str, num_classes: int | None = None) -> nn.Module:
+def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained: bool = False,
+                       weights_enum: str | None = None) -> nn.Module:
     known = torchvision.models.list_models(module=torchvision.models)
     if name not in known:
         raise ModelError(f"--model {name}: unknown model; use a torchvision classification model name "
                          f"(e.g. resnet50, mobilenet_v3_small), a TorchScript file, or module:factory")
-    extra = {} if num_classes is None else {"num_classes": num_classes}
+    extra = {}
+    if weights_enum is not None:
+        from spark_cnn.models.tv_weights import builder_arguments
+
+        extra.update(builder_arguments(name, weights_enum))
+    if num_classes is not None:
+        extra["num_classes"] = num_classes
     if name in AUX_HEAD_MODELS:
         extra["aux_logits"] = False  # auxiliary heads only serve training; their weights are dropped on load
         extra["init_weights"] = False
+        if pretrained:
+            extra["transform_input"] = True
     return torchvision.models.get_model(name, weights=None, **extra)
 
 
@@ -69,7 +86,7 @@ def _from_factory(source: str) -> nn.Module:
     return module
 
 
-def _load_weights(module: nn.Module, source: str, weights: str) -> nn.Module:
+def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: str | None = None) -> nn.Module:
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -77,9 +94,12 @@ def _load_weights(module: nn.Module, source: str, weights: str) -> nn.Module:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"--weights {weights}: expected a state_dict (a dict of tensors, torch.save(model."
                          f"state_dict(), path)), found {type(state).__name__}")
-    aux_prefixes = AUX_HEAD_MODELS.get(source, ()) if model_kind(source) == "torchvision" else ()
+    torchvision_model = model_kind(source) == "torchvision"
+    aux_prefixes = AUX_HEAD_MODELS.get(source, ()) if torchvision_model else ()
     if aux_prefixes:
         state = {k: v for k, v in state.items() if not k.startswith(aux_prefixes)}
+    if torchvision_model and source.startswith("densenet"):
+        state = {_DENSENET_OLD_KEY.sub(r"\1\2", k): v for k, v in state.items()}
     try:
         module.load_state_dict(state)
         return module
@@ -87,8 +107,8 @@ def _load_weights(module: nn.Module, source: str, weights: str) -> nn.Module:
         first_error = e
     # A torchvision model fine-tuned to another class count: rebuild it with the count the weights carry.
     classes = _classifier_classes(state)
-    if model_kind(source) == "torchvision" and classes is not None:
-        rebuilt = _torchvision_model(source, num_classes=classes)
+    if torchvision_model and classes is not None and weights_enum is None:
+        rebuilt = _torchvision_model(source, num_classes=classes, pretrained=True)
         try:
             rebuilt.load_state_dict(state)
             return rebuilt

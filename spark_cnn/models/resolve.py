@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.spec import DEFAULT_TOP_K, Endpoint, ModelSpec
+from spark_cnn.models.spec import DEFAULT_TOP_K, Endpoint, ModelSpec, file_sha256
+from spark_cnn.models.weights import BUILTIN, FILE, NAME, RANDOM, ResolvedWeights, weights_kind
+
+# Characters of a weights file's SHA-256 in its label (as the shipped copies' names use).
+LABEL_HASH_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -15,6 +19,26 @@ class ResolvedModel:
     endpoint: Endpoint
     num_classes: int
     embedding_dim: int | None
+    weights: ResolvedWeights = ResolvedWeights(file=None, label=BUILTIN)
+
+
+def resolve_weights(spec: ModelSpec) -> ResolvedWeights:
+    """What `spec.weights` names, as a file to load and ship, a label and what the weights bring.
+
+    The one place weights are resolved, by the model's source kind: torchvision names resolve through
+    torchvision (its cache under TORCH_HOME, downloaded once when missing); other kinds take files only."""
+    kind = weights_kind(spec.weights)
+    if kind == NAME and spec.kind == "torchvision":
+        from spark_cnn.models.tv_weights import resolve_torchvision_weights
+
+        return resolve_torchvision_weights(spec.source, spec.weights)
+    if kind == FILE:
+        return ResolvedWeights(file=spec.weights, label=f"sha256:{file_sha256(spec.weights)[:LABEL_HASH_CHARS]}")
+    if kind == RANDOM or (kind is None and spec.kind == "torchvision"):
+        return ResolvedWeights(file=None, label=RANDOM)
+    if kind is None:
+        return ResolvedWeights(file=None, label=BUILTIN)
+    raise ConfigError(f"--weights {spec.weights}: --model {spec.source} ({spec.kind}) takes a state_dict file")
 
 
 def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool = False,
@@ -29,8 +53,10 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     from spark_cnn.models.heads import Predictor
     from spark_cnn.models.loader import build_module, declared_preprocessing
 
-    module = build_module(spec.source, spec.weights)
-    prep = spec.preprocessing_over(declared_preprocessing(module) or Preprocessing())
+    weights = resolve_weights(spec)
+    module = build_module(spec.source, weights.file, weights.enum)
+    own = Preprocessing.from_dict(weights.preprocessing) if weights.preprocessing else None
+    prep = spec.preprocessing_over(own or declared_preprocessing(module) or Preprocessing())
     if embedding_layer is not None and not embeddings:
         raise ConfigError("--layer picks the embedding layer: it needs embeddings on")
     probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer)
@@ -50,10 +76,13 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
         top_k = min(DEFAULT_TOP_K, num_classes)
     if not 1 <= top_k <= num_classes:
         raise ConfigError(f"--top-k {top_k}: must be between 1 and the model's {num_classes} classes")
-    files = {path: os.path.basename(path) for path in (spec.source, spec.weights)
+    if weights.categories is not None and len(weights.categories) != num_classes:
+        raise ModelError(f"--weights {spec.weights} name {len(weights.categories)} categories but the model has "
+                         f"{num_classes} classes")
+    files = {path: os.path.basename(path) for path in (spec.source, weights.file)
              if path and os.path.isfile(path)}
-    endpoint = Endpoint(source=spec.source, weights=spec.weights, preprocessing=prep, top_k=top_k,
-                        logits=logits, embeddings=embeddings, files=files,
-                        embedding_layer=embedding_layer).with_fingerprint()
+    endpoint = Endpoint(source=spec.source, weights=weights.file, preprocessing=prep, top_k=top_k,
+                        logits=logits, embeddings=embeddings, files=files, embedding_layer=embedding_layer,
+                        weights_enum=weights.enum).with_fingerprint()
     embedding_dim = int(out["embedding"].shape[1]) if embeddings else None
-    return ResolvedModel(endpoint=endpoint, num_classes=num_classes, embedding_dim=embedding_dim)
+    return ResolvedModel(endpoint=endpoint, num_classes=num_classes, embedding_dim=embedding_dim, weights=weights)

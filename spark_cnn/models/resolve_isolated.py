@@ -21,8 +21,8 @@ from spark_cnn.models.spec import ModelSpec
 
 # Importing torch on a loaded host takes seconds; loading a large model's weights can take a minute.
 RESOLVE_TIMEOUT_S = 300.0
-# Checked models by (spec, options, model and weight files' size and mtime): a notebook or a benchmark that runs
-# several jobs over one model pays for the child process once.
+# Checked models by (spec, options, model and weight files' size and mtime, torch's cache location): a notebook or
+# a benchmark that runs several jobs over one model pays for the child process once.
 _checked: dict = {}
 _checked_lock = threading.Lock()
 
@@ -35,7 +35,9 @@ def _cache_key(spec: ModelSpec, options: dict) -> tuple:
             stats.append((st.st_size, st.st_mtime_ns) if st else None)
         except OSError:
             stats.append(None)
-    return repr(spec), tuple(sorted(options.items())), tuple(stats)
+    # Named weights resolve to a file in torch's cache, which these variables place.
+    cache = tuple(os.environ.get(name) for name in ("TORCH_HOME", "XDG_CACHE_HOME"))
+    return repr(spec), tuple(sorted(options.items())), tuple(stats), cache
 
 
 def resolve_endpoint_isolated(spec: ModelSpec, **options):

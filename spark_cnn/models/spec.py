@@ -11,6 +11,7 @@ from typing import Any
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.models.weights import NAME, RANDOM, weights_kind
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
 # Top-5 is the usual ImageNet report; smaller models get min(5, classes).
@@ -32,9 +33,11 @@ class ModelSpec:
 
     `source` is a torchvision classification model name (`resnet50`), a TorchScript file (`model.pt`), or
     `package.module:factory` returning an `nn.Module`. `weights` is an optional state_dict file, loaded with
-    `weights_only=True`. `preprocessing` overrides some or all fields of the model's preprocessing, which is
-    what the model declares (attribute `spark_cnn_preprocessing`), else the torchvision default; give a dict
-    of `Preprocessing` fields or a whole `Preprocessing`.
+    `weights_only=True`; for a torchvision model also torchvision's weights by name (`DEFAULT`, `IMAGENET1K_V2`,
+    `ResNet50_Weights.IMAGENET1K_V2`) or `random` (its random initialisation, asked for). `preprocessing`
+    overrides some or all fields of the model's preprocessing, which is what the named weights bring, else what
+    the model declares (attribute `spark_cnn_preprocessing`), else the torchvision default; give a dict of
+    `Preprocessing` fields or a whole `Preprocessing`.
 
     >>> ModelSpec("mobilenet_v3_small").kind
     'torchvision'
@@ -59,8 +62,13 @@ class ModelSpec:
             object.__setattr__(self, "preprocessing", dict(overrides))
         if not self.source or not self.source.strip():
             raise ConfigError("--model is empty: give a torchvision model name, a TorchScript file or module:factory")
-        if self.weights is not None and not os.path.isfile(self.weights):
-            raise ConfigError(f"--weights {self.weights}: no such file")
+        kind = weights_kind(self.weights)
+        if self.weights is not None and kind is None:
+            raise ConfigError(f"--weights {self.weights}: no such file (nor a torchvision weights name such as "
+                              "DEFAULT)")
+        if kind in (NAME, RANDOM) and self.kind != "torchvision":
+            raise ConfigError(f"--weights {self.weights}: weights by name (and random) are for torchvision model "
+                              f"names; --model {self.source} takes a state_dict file")
         if self.kind == "torchscript" and not os.path.isfile(self.source):
             raise ConfigError(f"--model {self.source}: no such TorchScript file")
 
@@ -91,6 +99,7 @@ class Endpoint:
     fingerprint: str = ""
     files: dict = field(default_factory=dict)
     embedding_layer: str | None = None  # None: the input of the last Linear layer
+    weights_enum: str | None = None  # torchvision weights the `weights` file holds: the model is built for them
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -115,6 +124,8 @@ class Endpoint:
             digest.update(part.encode() + b"\0")
         if self.embedding_layer:
             digest.update(b"layer:" + self.embedding_layer.encode())
+        if self.weights_enum:
+            digest.update(b"weights_enum:" + self.weights_enum.encode())
         return replace(self, fingerprint=digest.hexdigest()[:16])
 
     def localised(self, resolve) -> Endpoint:

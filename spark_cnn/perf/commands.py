@@ -22,12 +22,15 @@ MIB = 1 << 20
 def _model_and_cost(spec: ModelSpec):
     from spark_cnn.imaging.preprocess import Preprocessing
     from spark_cnn.models.loader import build_module, declared_preprocessing
+    from spark_cnn.models.resolve import resolve_weights
     from spark_cnn.perf.layers import analyse
 
-    module = build_module(spec.source, spec.weights)
-    prep = spec.preprocessing_over(declared_preprocessing(module) or Preprocessing())
+    weights = resolve_weights(spec)
+    module = build_module(spec.source, weights.file, weights.enum)
+    own = Preprocessing.from_dict(weights.preprocessing) if weights.preprocessing else None
+    prep = spec.preprocessing_over(own or declared_preprocessing(module) or Preprocessing())
     shape = (3, prep.crop, prep.crop)
-    return module, shape, analyse(module, shape)
+    return module, shape, analyse(module, shape), weights.label
 
 
 def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
@@ -42,14 +45,15 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
 
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {batch_sizes}: expected positive integers")
-    module, shape, cost = _model_and_cost(spec)
+    module, shape, cost, weights = _model_and_cost(spec)
     profile = calibrate(device, threads=threads, refresh=refresh, **_budget(calibration_s))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b), predict_peak_memory_bytes(cost, b))
              for b in sorted(set(batch_sizes))]
     choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes)
     layers = sorted(predict_layers_ms(cost, profile, choice.batch_size), key=lambda row: -row[1])
     result = {
-        "model": spec.source, "device": profile.key, "input_shape": list(shape), "threads": profile.threads,
+        "model": spec.source, "weights": weights, "device": profile.key, "input_shape": list(shape),
+        "threads": profile.threads,
         "points": [{"batch_size": p.batch_size, "predicted_ms": round(p.latency_ms, 3),
                     "predicted_images_per_s": round(p.images_per_s, 1),
                     "peak_memory_mib": round(p.peak_memory_bytes / MIB, 1)} for p in curve],
@@ -82,7 +86,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
 
 
 def profile_report(result: dict) -> str:
-    lines = [f"{result['model']} on {result['device']} ({result['threads']} threads), input "
+    weights = f" ({result['weights']} weights)" if result.get("weights") else ""
+    lines = [f"{result['model']}{weights} on {result['device']} ({result['threads']} threads), input "
              f"{'x'.join(map(str, result['input_shape']))}, {result['gflops_per_image']} GFLOPs per image",
              f"costliest layers at batch {result['chosen_batch_size']}:",
              f"  {'layer':<34} {'op':<18} {'MFLOPs':>10} {'MiB':>8} {'pred ms':>9}  bound"]
@@ -160,7 +165,7 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
     if images < 1 or executors < 1:
         raise ConfigError("--images and --executors must be positive")
     cores = cores or os.cpu_count() or 1
-    _, shape, cost = _model_and_cost(spec)
+    _, shape, cost, weights = _model_and_cost(spec)
     profile = calibrate(device, threads=threads, **_budget(calibration_s))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in DEFAULT_BATCH_SIZES]
     choice = choose_batch_size(curve, mode=tuning)
@@ -171,7 +176,7 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
         stages["transfer"] = 1e6 * nbytes / us / math.prod(shape)  # uint8 pixels per image
     bottleneck = min(stages, key=stages.get)
     rate = executors * stages[bottleneck]
-    return {"model": spec.source, "device": profile.key, "images": images, "executors": executors,
+    return {"model": spec.source, "weights": weights, "device": profile.key, "images": images, "executors": executors,
             "cores_per_executor": cores, "batch_size": choice.batch_size,
             "stages_images_per_s_per_executor": {k: round(v, 1) for k, v in stages.items()},
             "bottleneck": bottleneck, "images_per_s": round(rate, 1), "wall_s": round(images / rate, 1)}
@@ -179,7 +184,8 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
 
 def plan_report(plan: dict) -> str:
     stages = ", ".join(f"{k} {v} img/s" for k, v in plan["stages_images_per_s_per_executor"].items())
-    return (f"{plan['model']} on {plan['executors']} executor(s) x {plan['cores_per_executor']} cores "
+    weights = f" ({plan['weights']} weights)" if plan.get("weights") else ""
+    return (f"{plan['model']}{weights} on {plan['executors']} executor(s) x {plan['cores_per_executor']} cores "
             f"({plan['device']}), batch {plan['batch_size']}\n"
             f"  per executor: {stages}\n"
             f"  bottleneck: {plan['bottleneck']}; {plan['images_per_s']} img/s in all; "

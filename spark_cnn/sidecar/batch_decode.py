@@ -67,7 +67,7 @@ def resize_crop_tensor(image: torch.Tensor, prep: Preprocessing) -> torch.Tensor
     new_long = int(prep.resize * long / short)
     size = (prep.resize, new_long) if height <= width else (new_long, prep.resize)
     if short != prep.resize:
-        resized = torch.nn.functional.interpolate(image[None].float(), size=size, mode="bilinear",
+        resized = torch.nn.functional.interpolate(image[None].float(), size=size, mode=prep.interpolation,
                                                   antialias=True, align_corners=False)[0]
         image = resized.round_().clamp_(0, 255).to(torch.uint8)
     top = int(round((image.shape[1] - prep.crop) / 2.0))

@@ -82,6 +82,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
 
         summary = _summarise(spark, output_uri, labels, elapsed, config, list(sidecar_stats.value.values()))
         summary.update(input=input_uri, output=output_uri, model=options.model.source,
+                       weights=model.weights_label,
                        app_id=spark.sparkContext.applicationId, job_id=job_id)
         text = json.dumps(summary, indent=2)
         fs.write_text(output_uri.rstrip("/") + "/" + SUMMARY_FILE, text)

@@ -89,6 +89,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
 
         summary = run_summary(writer.batches, elapsed, options.batch_size, list(stats.value.values()))
         summary.update(input=input_uri, output=output_uri, checkpoint=checkpoint_uri, model=options.model.source,
+                       weights=model.weights_label,
                        app_id=app_id, job_id=plan.job_id, waiting=len(waiting))
         text = json.dumps(summary, indent=2)
         if writer.batches:  # a run with nothing new leaves the last run's summary in place

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -34,6 +35,8 @@ from spark_cnn.spark.sources import TRUE_LABEL, ImageSource
 from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.stream import InferencePlan
 
+_log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class CheckedModel:
@@ -45,6 +48,11 @@ class CheckedModel:
     @property
     def endpoint(self):
         return self.resolved.endpoint
+
+    @property
+    def weights_label(self) -> str:
+        """The weights actually used: torchvision's enum name, `sha256:<hash>` of a file, random or builtin."""
+        return self.resolved.weights.label
 
 
 def read_labels(path: str | None) -> tuple[str, ...] | None:
@@ -62,13 +70,21 @@ def read_labels(path: str | None) -> tuple[str, ...] | None:
 
 
 def check_model(options: InferenceOptions) -> CheckedModel:
-    """Load the model on the driver's CPU, run one blank image through it, and check the labels fit."""
+    """Load the model on the driver's CPU (named weights resolved, from torch's cache or downloaded once), run one
+    blank image through it, and check the labels fit. Labels: `options.labels`, else the named weights'
+    categories. A torchvision model without weights runs its random initialisation, with one warning."""
     # torch stays out of the driver: the model loads in a child process (once per model and weight files)
     from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated
+    from spark_cnn.models.weights import RANDOM
 
     labels = read_labels(options.labels) if isinstance(options.labels, str) else options.labels
     resolved = resolve_endpoint_isolated(options.model, top_k=options.top_k, logits=options.logits,
                                          embeddings=options.embeddings, embedding_layer=options.layer)
+    if labels is None:
+        labels = resolved.weights.categories
+    if resolved.weights.label == RANDOM and options.model.weights is None:
+        _log.warning("spark-cnn: warning: --model %s runs with random weights; pass --weights DEFAULT (torchvision's "
+                     "pretrained), a state_dict file, or --weights random to silence this", options.model.source)
     if labels is not None and len(labels) != resolved.num_classes:
         where = f" {options.labels}" if isinstance(options.labels, str) else ""
         raise ConfigError(f"--labels{where} has {len(labels)} names but the model has "

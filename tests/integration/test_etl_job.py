@@ -62,6 +62,7 @@ def test_etl_takes_new_files_once_and_a_replayed_batch_replaces_itself(spark, de
     first = run()
     assert (first["images"], first["errors"]) == (15, 3)
     assert [b["batch"] for b in first["micro_batches"]] == [0, 1, 2]
+    assert first["weights"].startswith("sha256:")  # the summary names the weights the sidecars ran
     rows = _rows_by_path(output)
     assert sorted(rows) == sorted(inputs) and all(len(r) == 1 for r in rows.values())
     assert rows[os.path.join(source, "broken/empty.png")][0]["error"]  # a zero-byte file is a row with its error

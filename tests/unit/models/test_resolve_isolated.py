@@ -44,3 +44,28 @@ def test_child_process_check_matches_in_process_and_keeps_torch_out():
     assert cached == "cached: True"  # the same check again reuses the first answer
     assert error.startswith("ConfigError --top-k 11")
     assert torch_line == "torch loaded: False"
+
+
+NAMED = """
+import sys
+from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated
+from spark_cnn.models.spec import ModelSpec
+resolved = resolve_endpoint_isolated(ModelSpec("mobilenet_v3_small", weights="DEFAULT"))
+print(resolved.weights.label, resolved.endpoint.weights, len(resolved.weights.categories),
+      resolved.endpoint.preprocessing.resize)
+print("torch loaded:", "torch" in sys.modules)
+"""
+
+
+def test_named_weights_resolve_in_the_child_from_torch_home(tmp_path):
+    """The child reads TORCH_HOME from the environment it inherits, and hands back the cached file to ship."""
+    from tests.torch_home import seed_weights
+
+    home = str(tmp_path / "torch_home")
+    path = seed_weights(home, "mobilenet_v3_small")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TORCH_HOME": home}
+    out = subprocess.run([sys.executable, "-c", NAMED], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    resolved, torch_line = out.stdout.strip().splitlines()
+    assert resolved.split() == ["MobileNet_V3_Small_Weights.IMAGENET1K_V1", path, "1000", "256"]
+    assert torch_line == "torch loaded: False"

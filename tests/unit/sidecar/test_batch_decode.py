@@ -82,14 +82,23 @@ def test_decode_on_host_with_no_good_image_returns_no_rows():
 
 # --- resize_crop_tensor against the Pillow path -----------------------------------------------------------------
 
-@pytest.mark.parametrize("name, box", [
-    ("china.jpg", None),                # 640x427 landscape: downscale
-    ("flower.jpg", None),
-    ("china.jpg", (150, 0, 450, 427)),  # 300x427 portrait
-    ("china.jpg", (0, 0, 301, 257)),    # odd margins: centre-crop rounding
-    ("flower.jpg", (0, 0, 160, 240)),   # shorter side below 256: upscale
+BICUBIC = Preprocessing(interpolation="bicubic")  # e.g. EfficientNet's weights ask for it
+# Bicubic overshoots at sharp edges, where torch's and Pillow's filters clamp differently: measured mean 0.15,
+# p99 1, max 4 grey levels on china.jpg (bilinear in place of bicubic: mean 1.9, p99 13, max 25).
+MAX_ABS_DIFF_BICUBIC = 6
+
+
+@pytest.mark.parametrize("name, box, prep", [
+    ("china.jpg", None, PREP),                # 640x427 landscape: downscale
+    ("flower.jpg", None, PREP),
+    ("china.jpg", (150, 0, 450, 427), PREP),  # 300x427 portrait
+    ("china.jpg", (0, 0, 301, 257), PREP),    # odd margins: centre-crop rounding
+    ("flower.jpg", (0, 0, 160, 240), PREP),   # shorter side below 256: upscale
+    ("china.jpg", None, BICUBIC),             # the filter follows the preprocessing
+    ("flower.jpg", (0, 0, 160, 240), BICUBIC),
 ])
-def test_resize_crop_tensor_is_within_a_grey_level_of_pillow(name, box):
+def test_resize_crop_tensor_is_within_a_grey_level_of_pillow(name, box, prep):
+    PREP = prep  # noqa: N806 (the same checks for each filter)
     image = _photo(name)
     if box is not None:
         image = image.crop(box)
@@ -105,7 +114,7 @@ def test_resize_crop_tensor_is_within_a_grey_level_of_pillow(name, box):
                 f"max {diff.max()} grey levels")
     assert diff.mean() <= MAX_MEAN_DIFF, measured
     assert np.percentile(diff, 99) <= MAX_P99_DIFF, measured
-    assert diff.max() <= MAX_ABS_DIFF, measured
+    assert diff.max() <= (MAX_ABS_DIFF_BICUBIC if prep.interpolation == "bicubic" else MAX_ABS_DIFF), measured
 
 
 @pytest.mark.parametrize("size", [(256, 300), (400, 256), (256, 256)])
