@@ -194,6 +194,17 @@ def run_producers(target, count: int) -> None:
     assert not errors, errors
 
 
+def submit_from_threads_and_check_replies(service: ModelService, batches: list[dict[int, np.ndarray]]) -> None:
+    """One thread and connection per dict of requests; every request gets one RESULT with exactly its rows."""
+    conns = [RecordingConnection() for _ in batches]
+    run_producers(lambda t: submit_all(service, conns[t], batches[t]), len(batches))
+    for conn, requests in zip(conns, batches, strict=True):
+        assert conn.wait_for(len(requests)), f"only {conn.count} of {len(requests)} replies arrived"
+        assert set(conn.replies) == set(requests)
+        for request_id, pixels in requests.items():
+            check_traceable(conn.result(request_id), row_ids(pixels))  # one RESULT each, exact rows
+
+
 def mixed_requests(seed: int, count: int, first_id: int, max_rows: int = 20) -> dict[int, np.ndarray]:
     """`count` requests of 1..max_rows rows; request ids and row ids are unique across seeds/first_ids."""
     rng = np.random.default_rng(seed)
@@ -287,17 +298,9 @@ def test_out_of_memory_under_concurrent_load_completes_every_request_exactly_onc
     stats.start(JOB, 16, "fp32")
     runner = FakeRunner(oom_above=4)
     service = ModelService(runner, 16, stats)
-    threads = 4
-    conns = [RecordingConnection() for _ in range(threads)]
-    batches = [mixed_requests(seed=10 + t, count=20, first_id=(t + 1) * 100, max_rows=12) for t in range(threads)]
+    batches = [mixed_requests(seed=10 + t, count=20, first_id=(t + 1) * 100, max_rows=12) for t in range(4)]
 
-    run_producers(lambda t: submit_all(service, conns[t], batches[t]), threads)
-
-    for conn, requests in zip(conns, batches, strict=True):
-        assert conn.wait_for(len(requests)), f"only {conn.count} of {len(requests)} replies arrived"
-        assert set(conn.replies) == set(requests)
-        for request_id, pixels in requests.items():
-            check_traceable(conn.result(request_id), row_ids(pixels))  # one RESULT each, exact rows
+    submit_from_threads_and_check_replies(service, batches)
     assert 1 <= service.target_rows <= 4
     assert max(runner.ok_sizes()) <= 4
     snapshot = stats.snapshot(JOB)
@@ -553,17 +556,10 @@ def test_parallel_compute_threads_deliver_split_requests_exactly_and_in_order():
     stats = JobStats()
     runner = JitteryRunner()
     service = ModelService(runner, 4, stats, compute_workers=3)
-    threads = 4
-    conns = [RecordingConnection() for _ in range(threads)]
     # Requests of up to 11 rows against batches of 4: most are split across batches computed side by side.
-    batches = [mixed_requests(seed=20 + t, count=25, first_id=(t + 1) * 100, max_rows=11) for t in range(threads)]
+    batches = [mixed_requests(seed=20 + t, count=25, first_id=(t + 1) * 100, max_rows=11) for t in range(4)]
 
-    run_producers(lambda t: submit_all(service, conns[t], batches[t]), threads)
-
-    for conn, requests in zip(conns, batches, strict=True):
-        assert conn.wait_for(len(requests)), f"only {conn.count} of {len(requests)} replies arrived"
-        for request_id, pixels in requests.items():
-            check_traceable(conn.result(request_id), row_ids(pixels))
+    submit_from_threads_and_check_replies(service, batches)
     assert runner.max_concurrent >= 2  # batches really were computed side by side
     assert stats.snapshot(JOB)["errors"] == 0
 
