@@ -300,13 +300,13 @@ class ModelService:
 
     def _fail(self, batch: list[Slice], error: Exception, rows: int | None = None) -> None:
         """A failed batch fails its requests that have no reply yet, never the sidecar; the ERROR names who
-        failed (runner.failure_kind). A sticky device error also tells `on_sticky`, which retires the sidecar."""
+        failed (runner.failure_kind). A sticky device error first tells `on_sticky`, which retires the sidecar."""
         rows = sum(s.rows for s in batch) if rows is None else rows
         kind = failure_kind(error)
         log.error("batch of %d rows failed (%s): %s: %s", rows, kind.value, type(error).__name__, error)
         message = f"failed on a batch of {rows}: {type(error).__name__}: {error}"
+        if kind == ErrorKind.STICKY and self.on_sticky is not None:
+            self.on_sticky(message)  # before the replies: a task that reads one may SIGKILL this sidecar at once
         for s in batch:
             if s.request.fail(message, kind):
                 self.stats.error(s.request.job)
-        if kind == ErrorKind.STICKY and self.on_sticky is not None:
-            self.on_sticky(message)
