@@ -98,7 +98,14 @@ def place_rows(parts: Sequence[tuple[Sequence[int], pa.RecordBatch]], rows: int,
         return pa.RecordBatch.from_pylist([], schema=schema)
     order = np.empty(rows, np.int64)
     order[held] = np.arange(rows)
-    return pa.concat_batches([batch for _, batch in parts]).take(pa.array(order))
+    return _concat([batch for _, batch in parts]).take(pa.array(order))
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One batch of `batches`' rows: `pa.concat_batches` (pyarrow >= 19), else through a table (pyarrow 18)."""
+    if hasattr(pa, "concat_batches"):
+        return pa.concat_batches(batches)
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
 def class_names(labels: pa.Array, names: Sequence[str] | None) -> pa.Array:

@@ -8,6 +8,7 @@ The first run builds the environment (~1 minute with a warm pip cache); later ru
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -24,8 +25,9 @@ from spark_cnn.formats import petastorm
 from spark_cnn.imaging.pixels import rgb_from_npy
 from spark_cnn.imaging.preprocess import decode_rgb
 from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
+from tests.e2e.cached_env import EnvBuildError, cached_python
 from tests.e2e.conftest import run_command
-from tests.e2e.petastorm_env import PetastormEnvError, petastorm_python
+from tests.e2e.petastorm_env import PETASTORM_ENV, petastorm_python
 
 pytestmark = [pytest.mark.e2e, pytest.mark.petastorm]
 SCRIPTS = os.path.join(os.path.dirname(__file__), "petastorm_scripts")
@@ -36,7 +38,7 @@ DIGITS_PER_CLASS = 6
 def petastorm_env() -> str:
     try:
         return petastorm_python()
-    except PetastormEnvError as e:
+    except EnvBuildError as e:
         pytest.fail(str(e), pytrace=False)
 
 
@@ -184,11 +186,9 @@ def test_classify_reads_what_petastorm_wrote(spark_cnn, petastorm_env, demo_asse
 
 def test_env_build_failure_is_clear(tmp_path, monkeypatch):
     """A requirement pip cannot satisfy fails the set-up with pip's words, and leaves no half-built env."""
-    from tests.e2e import petastorm_env as module
-
-    monkeypatch.setenv(module.CACHE_ROOT_ENV, str(tmp_path))
+    monkeypatch.setenv(PETASTORM_ENV.cache_root_env, str(tmp_path))
     # A requirement pip rejects before asking any package index.
-    monkeypatch.setattr(module, "PINNED_REQUIREMENTS", ("petastorm===not a version",))
-    with pytest.raises(PetastormEnvError, match="cannot build the petastorm test environment"):
-        module.petastorm_python()
-    assert not os.path.exists(os.path.join(str(tmp_path), module.env_key()))
+    broken = dataclasses.replace(PETASTORM_ENV, requirements=("petastorm===not a version",))
+    with pytest.raises(EnvBuildError, match="cannot build the petastorm test environment"):
+        cached_python(broken)
+    assert not os.path.exists(broken.directory())

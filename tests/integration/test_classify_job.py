@@ -48,6 +48,7 @@ def _jobs_run(spark) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
 
 
+@pytest.mark.spark35
 def test_torchvision_model_logits_match_torch_and_every_file_is_one_row(spark, mixed_folder, mobilenet_weights,
                                                                         tmp_path):
     output = str(tmp_path / "out")

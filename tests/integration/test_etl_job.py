@@ -47,6 +47,7 @@ def _rows_by_path(output: str) -> dict[str, list[dict]]:
     return by_path
 
 
+@pytest.mark.spark35
 def test_etl_takes_new_files_once_and_a_replayed_batch_replaces_itself(spark, demo_assets, tmp_path):
     source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
     inputs = _copy_digits(demo_assets, source, ["0", "1", "2"], 0, 4)

@@ -57,6 +57,7 @@ def _jobs_run(spark) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
 
 
+@pytest.mark.spark35
 def test_udf_outputs_equal_the_mapinarrow_path_and_torch(spark, mixed_folder, mobilenet_weights, mobilenet):
     images = _binary_files(spark, mixed_folder).repartition(3)  # several tasks, in two Python workers
     options = {"weights": mobilenet_weights, "top_k": 3}
