@@ -16,11 +16,13 @@ from spark_cnn.cli import (
     bench_decode,
     classify,
     demo,
+    doctor,
     embed,
     etl,
     perf,
     perf_validate,
     run,
+    submit,
     to_petastorm,
 )
 from spark_cnn.errors import SparkCnnError
@@ -29,7 +31,7 @@ EXIT_ERROR = 2
 
 # In the order `spark-cnn --help` lists them.
 COMMAND_MODULES = (classify, embed, etl, run, demo, bench, bench_compare, bench_decode, perf, perf_validate,
-                   to_petastorm)
+                   to_petastorm, submit, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parsed, passed_on = submit.split_argv(sys.argv[1:] if argv is None else list(argv))
+    args = build_parser().parse_args(parsed)
+    if passed_on is not None:
+        args.spark_submit_args = passed_on
     try:
         return args.run(args)
     except SparkCnnError as e:
