@@ -43,3 +43,13 @@ class SidecarFault(SidecarError):
     """The model, the device or the sidecar failed a request (not the request's own input): the task fails, so
     Spark retries it, and the job fails when the retries run out. Raised by task/client.py, which sets `kind`,
     `pid` and `socket_path` (lost when pickled; the message names them)."""
+
+
+class MissingExtra(SparkCnnError, ImportError):
+    """An optional package a feature needs is not installed; the message names the extra that brings it.
+    Also an ImportError, so code that falls back when a package is missing still does."""
+
+
+def missing_extra(package: str, extra: str, what: str) -> MissingExtra:
+    """`<what> needs <package>: pip install 'spark_cnn[<extra>]'`, to raise from the ImportError."""
+    return MissingExtra(f"{what} needs {package}: pip install 'spark_cnn[{extra}]'")

@@ -13,6 +13,7 @@ import os
 import numpy as np
 from PIL import Image
 
+from spark_cnn.errors import missing_extra
 from spark_cnn.imaging.samples import BENCH_IMAGE_SIZE, JPEG_QUALITY
 
 DATASET_IMAGES = 2048
@@ -37,7 +38,10 @@ def source_photos() -> dict[str, np.ndarray]:
                 photos[f"skimage:{name}"] = getattr(skimage.data, name)()
             except Exception:  # an older scikit-image without this photo, or one that must be downloaded
                 continue
-    from sklearn.datasets import load_sample_image
+    try:
+        from sklearn.datasets import load_sample_image
+    except ImportError as e:
+        raise missing_extra("scikit-learn", "bench", "the benchmark's photos") from e
 
     for name in _SKLEARN_PHOTOS:
         photos[f"sklearn:{name}"] = load_sample_image(name)

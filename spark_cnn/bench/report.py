@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from spark_cnn.bench.variants import VARIANTS
+from spark_cnn.errors import missing_extra
 
 # The project's throughput targets on the 2-core machine (docs/benchmarks.md): (what, ratio needed, models it
 # applies to; None: all).
@@ -71,10 +72,13 @@ def write_json(path: str, entries: list[dict]) -> None:
 
 def plot(path: str, entries: list[dict]) -> None:
     """Grouped bars: images/s per variant, one group per model; `limit` hatched; ratios to spark_cnn on top."""
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise missing_extra("matplotlib", "plot", "--plot") from e
 
     fig, axes = plt.subplots(1, len(entries), figsize=(5.5 * len(entries), 4.2), squeeze=False)
     colours = {"bare": "#8c8c8c", "row": "#c4a35a", "predict_batch_udf": "#d9822b", "spark_cnn": "#2b6cb0",

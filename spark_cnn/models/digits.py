@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from spark_cnn.errors import missing_extra
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.models.tensors import normalise
 
@@ -60,7 +61,10 @@ class DemoAssets:
 
 def write_digit_images(root: str) -> tuple[str, str]:
     """The 1,797 scikit-learn digits as 8x8 grayscale PNGs under root/images/<digit>/, and root/labels.txt."""
-    from sklearn.datasets import load_digits
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:
+        raise missing_extra("scikit-learn", "demo", "the demo's digits") from e
 
     images_dir, labels_path = os.path.join(root, "images"), os.path.join(root, "labels.txt")
     done_marker = os.path.join(root, ".images-complete")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from spark_cnn.errors import ConfigError
+from spark_cnn.errors import ConfigError, missing_extra
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.models.timing import DEFAULT_BATCH_SIZES
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
@@ -123,7 +123,7 @@ def plot_profile(result: dict, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise ConfigError("--plot needs matplotlib: pip install matplotlib") from e
+        raise missing_extra("matplotlib", "plot", "--plot") from e
     sizes = [p["batch_size"] for p in result["points"]]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(sizes, [p["predicted_ms"] for p in result["points"]], "o-", label="predicted")
