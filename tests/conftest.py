@@ -60,11 +60,18 @@ def private_runtime_dir():
         yield folder
 
 
+# A pytest run started by another (tests/e2e/test_spark35.py) reuses that run's demo assets, named here.
+SHARED_DEMO_DIR_ENV = "SPARK_CNN_TEST_DEMO_DIR"
+
+
 @pytest.fixture(scope="session")
 def demo_assets():
     """The demo's digits folder, labels and trained weights, made once (as `make run` does)."""
     from spark_cnn.models.digits import prepare_demo
 
+    if os.environ.get(SHARED_DEMO_DIR_ENV):
+        yield prepare_demo(os.environ[SHARED_DEMO_DIR_ENV])  # the starting run's: made, and removed, by it
+        return
     workdir = tempfile.mkdtemp(prefix="spark_cnn_demo_")
     try:
         yield prepare_demo(workdir)

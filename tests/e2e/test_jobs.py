@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
-from tests.e2e.conftest import run_command
+from tests.e2e.conftest import BIN, run_command
 from tests.sample_images import broken_files, write_files
 from tests.sample_images import digits_subset as _subset
 
 pytestmark = pytest.mark.e2e
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _sidecars_of(app_id: str) -> list[int]:
@@ -74,16 +75,18 @@ def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, d
     assert len(rows) == 303 and len({r["path"] for r in rows}) == 303
 
 
+@pytest.mark.spark35
 def test_spark_submit_runs_the_same_job(demo_assets, tmp_path):
-    import pyspark
-
-    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    """The README's line, as written, from the repository root with nothing activated or set: `spark-cnn submit`
+    finds pyspark's Spark and runs the driver and the workers on this interpreter."""
     folder = _subset(demo_assets, str(tmp_path / "in"), per_class=3)
-    job = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "classify.py")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = run_command([spark_submit, "--master", "local[2]", job, folder, str(tmp_path / "out"),
-                          "--model", "spark_cnn.models.digits:digits_cnn", "--weights", demo_assets.weights,
-                          "--labels", demo_assets.labels], env=env)
+    script = os.path.join(BIN, "spark-cnn")  # the pyspark 3.5 environment has no console script: -m there
+    command = [script] if os.path.exists(script) else [sys.executable, "-m", "spark_cnn"]
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env["PATH"] = "/usr/bin:/bin"  # no venv on PATH: `python3` is the system's, as in a fresh shell
+    result = run_command([*command, "submit", "--master", "local[2]", "jobs/classify.py", folder,
+                          str(tmp_path / "out"), "--model", "spark_cnn.models.digits:digits_cnn",
+                          "--weights", demo_assets.weights, "--labels", demo_assets.labels], env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "images      30" in result.stdout
     summary = json.loads((tmp_path / "out" / "_summary.json").read_text())

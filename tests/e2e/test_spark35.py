@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+from tests.conftest import SHARED_DEMO_DIR_ENV
 from tests.e2e.cached_env import EnvBuildError
 from tests.e2e.spark35_env import spark35_python
 
@@ -35,8 +36,8 @@ def spark35() -> str:
         pytest.fail(str(e), pytrace=False)
 
 
-def _environment() -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": ROOT}
+def _environment(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": ROOT, **extra}
     for name in ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):  # nothing of the pyspark 4 set-up
         env.pop(name, None)
     return env
@@ -50,10 +51,12 @@ def test_the_environment_runs_pyspark_35_and_this_checkout(spark35):
     assert version.startswith("3.5.") and module == os.path.join(ROOT, "spark_cnn", "__init__.py")
 
 
-def test_core_tests_pass_under_pyspark_35(spark35):
+def test_core_tests_pass_under_pyspark_35(spark35, demo_assets):
+    shared = {SHARED_DEMO_DIR_ENV: os.path.dirname(demo_assets.images)}  # trained once, by this run
     done = subprocess.run([spark35, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "spark35",
                            "-W", "ignore::DeprecationWarning", *CORE_TEST_FILES],
-                          capture_output=True, text=True, env=_environment(), cwd=ROOT, timeout=INNER_TIMEOUT_S)
+                          capture_output=True, text=True, env=_environment(**shared), cwd=ROOT,
+                          timeout=INNER_TIMEOUT_S)
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail  # pytest exits 5 when no test is selected, 1 when one fails
     assert not re.search(r"\d+ (skipped|xfailed|failed|errors?)\b", done.stdout), tail
