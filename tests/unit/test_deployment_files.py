@@ -25,8 +25,8 @@ def _requires_python() -> str:
 
 
 def _dependency(package: str) -> str:
-    """The version range pyproject.toml gives `package` ("pyspark>=4.0,<5" -> ">=4.0,<5")."""
-    return re.search(rf'^\s*"{package}([^";]+)', _read("pyproject.toml"), re.M)[1].strip()
+    """The version range pyproject.toml gives `package`, required or in an extra ("pyspark>=3.5,<5" -> ">=3.5,<5")."""
+    return re.search(rf'"{package}([<>=!~][^";]*)', _read("pyproject.toml"))[1].strip()
 
 
 def test_the_image_python_satisfies_requires_python_and_spark_home_uses_it():
@@ -48,7 +48,7 @@ def test_docker_readme_states_the_pyproject_ranges(package):
 def test_the_image_holds_jobs_conf_and_the_installed_package():
     dockerfile = _read("docker/Dockerfile")
     for line in ("COPY jobs /opt/spark_cnn/jobs", "COPY conf /opt/spark_cnn/conf", "COPY spark_cnn /tmp/src/spark_cnn",
-                 "COPY pyproject.toml README.md /tmp/src/"):
+                 "COPY pyproject.toml README.md /tmp/src/", '"/tmp/src[spark]"'):  # pyspark is the spark extra
         assert line in dockerfile
 
 
