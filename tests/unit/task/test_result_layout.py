@@ -57,7 +57,10 @@ def _labels(*labels) -> pa.RecordBatch:
                                        for name in schema.names}, schema=schema)
 
 
-def test_rows_are_placed_at_their_positions_failed_rows_included():
+@pytest.mark.parametrize("pyarrow_has_concat_batches", [True, False], ids=["pyarrow>=19", "pyarrow-18"])
+def test_rows_are_placed_at_their_positions_failed_rows_included(pyarrow_has_concat_batches, monkeypatch):
+    if not pyarrow_has_concat_batches:  # as on pyarrow 18, the oldest allowed: no pa.concat_batches
+        monkeypatch.delattr(pa, "concat_batches", raising=False)
     schema = reply_schema()
     parts = [([3, 0], _labels(30, 0)), ([1], failed_rows(["cannot decode image"], schema)), ([2], _labels(20))]
 
