@@ -122,3 +122,14 @@ def test_without_the_extra_the_error_says_which_pip_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if the extra were not installed
     with pytest.raises(ConfigError, match=r"needs mlflow, an optional extra: pip install 'spark_cnn\[mlflow\]'"):
         resolve_endpoint(ModelSpec(f"models:/{MODEL_NAME}/1"))
+
+
+@pytest.mark.parametrize("artifact", ["model", "pickled"])
+def test_executors_load_the_shipped_file_without_mlflow(tracking, monkeypatch, artifact):
+    endpoint = resolve_endpoint(ModelSpec(f"runs:/{tracking.run_id}/{artifact}", preprocessing=SMALL)).endpoint
+    for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # any import of mlflow now fails
+    images = torch.rand(2, 3, SIZE, SIZE)
+    with torch.inference_mode():
+        torch.testing.assert_close(_outputs(endpoint, images), tracking.model(images), rtol=1e-5, atol=1e-6)
