@@ -30,8 +30,9 @@ class Store:
 
 def make_store(folder: str) -> Store:
     """Log `tiny_cnn` (version 1 of MODEL_NAME, alias ALIAS; artifact `model` in torch.export's format with a
-    dynamic batch, `one` exported from a one-image example, `pickled` as a pickle) with MLFLOW_TRACKING_URI
-    pointing at a sqlite file in `folder`; the caller sets that variable (returned) for the code under test."""
+    dynamic batch, `one` exported from a one-image example, `pickled` as a pickle, `scripted` as TorchScript)
+    with MLFLOW_TRACKING_URI pointing at a sqlite file in `folder`; the caller sets that variable (returned) for
+    the code under test."""
     import mlflow
     import mlflow.pytorch
 
@@ -51,6 +52,7 @@ def make_store(folder: str) -> Store:
                                      **quick)
             mlflow.pytorch.log_model(model, name="one", input_example=example[:1], **quick)
             mlflow.pytorch.log_model(model, name="pickled", serialization_format="pickle", **quick)
+            mlflow.pytorch.log_model(torch.jit.script(model), name="scripted", serialization_format="pickle", **quick)
         mlflow.MlflowClient().set_registered_model_alias(MODEL_NAME, ALIAS, "1")
         directory = os.path.join(folder, "saved_model")
         mlflow.pytorch.save_model(model, directory, input_example=example, **quick)

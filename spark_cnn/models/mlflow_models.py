@@ -3,20 +3,24 @@ MLflow model directory; the `mlflow` extra).
 
 The driver resolves the URI with MLflow (tracking and registry URIs from MLFLOW_TRACKING_URI and
 MLFLOW_REGISTRY_URI, as MLflow reads them), downloads the artifacts once into a cache keyed by the resolved
-version, and ships the one file that holds the model. Executors load that file with torch alone, as
-`mlflow.pytorch.load_model` does, so they need no mlflow: a `model.pt2` (MLflow 3's default, `torch.export`) with
-`torch.export.load`, a pickled `model.pth` with `torch.load(weights_only=False)`. A pickled model is code: its
-classes must be importable on the executors (or pickled by value, which needs cloudpickle), and loading it trusts
-the file as you trust any Python you import.
+version, and ships the one file that holds the model. Executors load that file with torch alone, so they need no
+mlflow: a `model.pt2` (MLflow 3's default format, `torch.export`) with `torch.export.load`, after checking that
+nothing in the archive needs a free unpickle (every record is JSON, short text, raw tensor bytes, or loads with
+`weights_only=True`); a TorchScript module MLflow saved as `model.pth` with `torch.jit.load` (code, trusted as
+any TorchScript file). A pickled `nn.Module` (`serialization_format="pickle"`, MLflow 2's default) is refused:
+unpickling it runs whatever the file says, and weights files here never run code.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import tempfile
+import zipfile
 
 import torch
 import yaml
@@ -162,27 +166,78 @@ def signature_preprocessing(mlmodel: dict) -> dict | None:
 
 
 def load_mlflow_file(path: str, source: str) -> nn.Module:
-    """The model in an MLflow model file, loaded by torch alone (no mlflow): `.pt2` through torch.export,
-    otherwise a pickled module."""
+    """The model in an MLflow model file, loaded by torch alone (no mlflow): a pickle-free `.pt2` through
+    torch.export, a TorchScript `.pth` through torch.jit; a pickled module is refused."""
     if path.endswith(".pt2"):
+        check_pickle_free(path, source)
         try:
             program = torch.export.load(path)
         except Exception as e:
             raise ModelError(f"--model {source}: {os.path.basename(path)} is not a loadable torch.export program "
                              f"({type(e).__name__}: {e})") from e
         return ExportedModel(program.module(), _static_batch(program))
+    if _is_torchscript(path):
+        try:
+            return torch.jit.load(path, map_location="cpu")
+        except Exception as e:
+            raise ModelError(f"--model {source}: not a loadable TorchScript module ({type(e).__name__}: {e})") from e
+    raise ModelError(f"--model {source} is a pickled PyTorch model, which runs code when loaded; log it with "
+                     "mlflow.pytorch.log_model(model, name=..., input_example=..., serialization_format='pt2') "
+                     "(MLflow 3's default), or pass its state_dict as --weights with --model module:factory")
+
+
+# Records of a .pt2 archive that torch reads as text (never unpickled): format, version, byte order, ids.
+_TEXT_RECORDS = ("archive_format", "archive_version", "byteorder", "version", "serialization_id")
+_TEXT = re.compile(r"^[A-Za-z0-9_.\-]*\n?$")
+
+
+def check_pickle_free(path: str, source: str) -> None:
+    """Refuse a .pt2 archive that holds anything torch.export.load would unpickle freely: each record must be
+    JSON, one of torch's short text records, tensor bytes its payload config marks raw (`use_pickle: false`), or
+    a torch file that loads with weights_only=True. (torch.export.load itself unpickles with weights_only=False.)"""
     try:
-        module = torch.load(path, map_location="cpu", weights_only=False)
-    except (ImportError, AttributeError) as e:
-        raise ModelError(f"--model {source}: the pickled model needs its code ({type(e).__name__}: {e}); make its "
-                         "modules importable on the driver and executors (spark-submit --py-files), or log it with "
-                         "serialization_format='pt2'") from e
-    except Exception as e:
-        raise ModelError(f"--model {source}: {os.path.basename(path)} is not a loadable PyTorch model "
-                         f"({type(e).__name__}: {e})") from e
-    if not isinstance(module, nn.Module):
-        raise ModelError(f"--model {source}: the MLflow model holds {type(module).__name__}, expected torch.nn.Module")
-    return module
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise ModelError(f"--model {source}: {os.path.basename(path)} is not a .pt2 archive ({e})") from e
+    with archive:
+        records = [info.filename for info in archive.infolist() if not info.is_dir()]
+        raw = set()
+        for name in records:
+            if name.endswith("_config.json"):
+                entries = _json(archive.read(name))
+                folder = name.rpartition("/")[0]
+                for entry in (entries or {}).get("config", {}).values():
+                    if isinstance(entry, dict) and entry.get("use_pickle") is False and "/" not in entry["path_name"]:
+                        raw.add(f"{folder}/{entry['path_name']}")
+        for name in records:
+            data = archive.read(name)
+            if name in raw or _json(data) is not None:
+                continue
+            if name.rpartition("/")[2] in _TEXT_RECORDS and _TEXT.match(data.decode("ascii", errors="replace")):
+                continue
+            buffer = io.BytesIO(data)
+            try:
+                torch.load(buffer, map_location="cpu", weights_only=True)
+            except Exception as e:
+                raise ModelError(f"--model {source}: record {name} of its .pt2 archive needs a free unpickle (it "
+                                 f"can run code; {type(e).__name__}), refused; export the model with tensors and "
+                                 "plain values only") from e
+
+
+def _json(data: bytes):
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _is_torchscript(path: str) -> bool:
+    """torch.jit.save's archive: a zip with the module's code under `<archive>/code/`."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any("/code/" in name for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
 
 
 class ExportedModel(nn.Module):

@@ -70,7 +70,7 @@ def test_mlflow_registry_and_run_uris_classify_as_the_logged_model(spark, photos
     prep = Preprocessing(resize=36, crop=SIZE)
     expected = {}
     for run, (uri, version) in enumerate(((f"models:/{MODEL_NAME}/1", "1"), (f"models:/{MODEL_NAME}@{ALIAS}", "1"),
-                                          (f"runs:/{store.run_id}/pickled", None))):
+                                          (f"runs:/{store.run_id}/model", None))):
         output = str(tmp_path / f"out{run}")
         summary = classify(ClassifyConfig(photos, output, InferenceOptions(ModelSpec(uri, preprocessing=prep),
                                                                            logits=True)), spark=spark)

@@ -45,7 +45,7 @@ def _outputs(endpoint, images: torch.Tensor) -> torch.Tensor:
     (f"models:/{MODEL_NAME}/latest", "1", "model.pt2"),
     ("runs:/{run}/model", None, "model.pt2"),
     ("runs:/{run}/one", None, "model.pt2"),  # exported from a one-image example: a static batch of 1
-    ("runs:/{run}/pickled", None, "model.pth"),
+    ("runs:/{run}/scripted", None, "model.pth"),  # TorchScript, which MLflow saves under the pickle's name
 ])
 def test_each_uri_form_loads_the_logged_model(tracking, tmp_path, uri, version, artifact):
     uri = uri.format(run=tracking.run_id)
@@ -110,6 +110,40 @@ def test_an_unresolvable_uri_names_the_tracking_uri(tracking):
                                                         "where the model is")
 
 
+def test_a_pickled_module_is_refused_it_would_run_code(tracking):
+    with pytest.raises(ModelError, match="is a pickled PyTorch model, which runs code when loaded; log it with .*"
+                                         "serialization_format='pt2'"):
+        resolve_endpoint(ModelSpec(f"runs:/{tracking.run_id}/pickled"))
+
+
+def test_a_pt2_archive_with_a_free_pickle_is_refused(store, tmp_path):
+    """torch.export.load unpickles the archive's payloads with weights_only=False: a record that needs it is
+    refused before torch.export.load reads the archive."""
+    import pickle
+    import shutil
+    import zipfile
+
+    from spark_cnn.models.mlflow_models import load_mlflow_file
+
+    marker = tmp_path / "pwned"
+    path = str(tmp_path / "model.pt2")
+    shutil.copy(os.path.join(store.directory, "data", "model.pt2"), path)
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("model/data/constants/evil", pickle.dumps(_Payload(str(marker))))
+    with pytest.raises(ModelError, match="record model/data/constants/evil of its .pt2 archive needs a free "
+                                         "unpickle"):
+        load_mlflow_file(path, "models:/x/1")
+    assert not marker.exists()
+
+
+class _Payload:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
 def test_a_model_of_another_flavour_is_refused(tmp_path):
     folder = tmp_path / "sk"
     folder.mkdir()
@@ -124,7 +158,7 @@ def test_without_the_extra_the_error_says_which_pip_install(monkeypatch):
         resolve_endpoint(ModelSpec(f"models:/{MODEL_NAME}/1"))
 
 
-@pytest.mark.parametrize("artifact", ["model", "pickled"])
+@pytest.mark.parametrize("artifact", ["model", "scripted"])
 def test_executors_load_the_shipped_file_without_mlflow(tracking, monkeypatch, artifact):
     endpoint = resolve_endpoint(ModelSpec(f"runs:/{tracking.run_id}/{artifact}", preprocessing=SMALL)).endpoint
     for name in [m for m in sys.modules if m == "mlflow" or m.startswith("mlflow.")]:
