@@ -167,3 +167,12 @@ def test_executors_load_the_shipped_file_without_mlflow(tracking, monkeypatch, a
     images = torch.rand(2, 3, SIZE, SIZE)
     with torch.inference_mode():
         torch.testing.assert_close(_outputs(endpoint, images), tracking.model(images), rtol=1e-5, atol=1e-6)
+
+
+def test_profile_names_the_mlflow_uri_version_and_costs_the_exported_graph(tracking):
+    from spark_cnn.perf.commands import _model_and_cost
+
+    _, shape, cost, label = _model_and_cost(ModelSpec(f"models:/{MODEL_NAME}@{ALIAS}"))
+    assert shape == (3, SIZE, SIZE)  # the crop the signature fixes
+    assert label.startswith(f"models:/{MODEL_NAME}@{ALIAS} (version 1, sha256:")
+    assert cost.flops(1) > 0 and not cost.uncosted
