@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from spark_cnn.config import ClassifyConfig, InferenceOptions
+from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
 from spark_cnn.models.spec import ModelSpec, file_sha256
 from spark_cnn.models.tensors import normalise
@@ -85,3 +86,9 @@ def test_mlflow_registry_and_run_uris_classify_as_the_logged_model(spark, photos
                     expected[row["path"]] = store.model(normalise(pixels, prep))[0].numpy()
             np.testing.assert_allclose(row["logits"], expected[row["path"]], rtol=1e-5, atol=1e-6)
     assert expected
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    with pytest.raises(ModelError, match=f"does not resolve at tracking URI {store.tracking_uri}: "):
+        classify(ClassifyConfig(photos, str(tmp_path / "never"),
+                                InferenceOptions(ModelSpec(f"models:/{MODEL_NAME}/9"))), spark=spark)
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before  # stopped before Spark
+    assert not (tmp_path / "never").exists()
