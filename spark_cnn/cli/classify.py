@@ -46,17 +46,20 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     add_input_options(parser)
     model = parser.add_argument_group("model")
     model.add_argument("--model", default="resnet50",
-                       help="torchvision model name, TorchScript file, or module:factory (default: resnet50)")
+                       help="torchvision model name, TorchScript file, module:factory, timm:NAME[.TAG] (the timm "
+                            "extra), or an MLflow PyTorch model: models:/NAME/VERSION, models:/NAME@ALIAS, "
+                            "runs:/RUN_ID/PATH or a local MLflow model directory (the mlflow extra); default resnet50")
     model.add_argument("--weights", help="state_dict file (loaded with weights_only=True); for a torchvision model "
                                          "also its weights by name (DEFAULT, IMAGENET1K_V2, ResNet50_Weights."
-                                         "IMAGENET1K_V2: from TORCH_HOME's cache, else downloaded once), or random")
+                                         "IMAGENET1K_V2: from TORCH_HOME's cache, else downloaded once); for a timm "
+                                         "model DEFAULT (timm's pretrained weights); or random")
     if embed:
         model.add_argument("--layer", help="module whose output is the embedding (a name from the model's "
                                            "named_modules(), e.g. layer4; averaged over space; default: the "
                                            "input of the last Linear layer)")
     else:
         model.add_argument("--labels", help="class names, one per line, in class-index order (default: the named "
-                                            "torchvision weights' categories)")
+                                            "torchvision weights' categories, or timm's pretrained label names)")
         model.add_argument("--top-k", type=int, help="classes to keep per image (default: min(5, classes))")
     model.add_argument("--resize", type=int, help="shorter side before cropping (default: the weights' or the "
                                                   "model's, else 256)")

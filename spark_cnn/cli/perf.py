@@ -12,8 +12,9 @@ from spark_cnn.perf.tuner import MODES
 
 def register(commands) -> None:
     profile = commands.add_parser("profile", help="per-layer costs and the predicted latency curve of a model")
-    profile.add_argument("--model", required=True, help="torchvision model name, TorchScript file, or module:factory")
-    profile.add_argument("--weights", help="state_dict file or torchvision weights name, as classify takes (time "
+    profile.add_argument("--model", required=True, help="as classify takes: torchvision name, TorchScript file, "
+                                                        "module:factory, timm:NAME or an MLflow model URI/directory")
+    profile.add_argument("--weights", help="state_dict file or weights name, as classify takes (time "
                                            "does not depend on the values; the preprocessing's crop does)")
     profile.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
     profile.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)),

@@ -28,12 +28,25 @@ _DENSENET_OLD_KEY = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12
 PREPROCESSING_ATTRIBUTE = "spark_cnn_preprocessing"
 
 
-def build_module(source: str, weights: str | None = None, weights_enum: str | None = None) -> nn.Module:
+def build_module(source: str, weights: str | None = None, weights_enum: str | None = None, *,
+                 kind: str | None = None) -> nn.Module:
     """The model named by `source`, weights loaded, in eval mode, on the CPU. `weights_enum`: the torchvision
     weights (`ResNet50_Weights.IMAGENET1K_V2`) the `weights` file holds; the model is built as torchvision's
-    builder builds it for them (`get_model(name, weights=...)`), without torchvision's pickle-trusting load."""
-    kind = model_kind(source)
-    if kind == "torchscript":
+    builder builds it for them (`get_model(name, weights=...)`), without torchvision's pickle-trusting load.
+    For an MLflow model `weights` is its model file (mlflow_models.load_mlflow_file). `kind`: the source's kind
+    when known (default: from `source`)."""
+    kind = kind or model_kind(source)
+    if kind == "mlflow":
+        from spark_cnn.models.mlflow_models import load_mlflow_file
+
+        if not weights:
+            raise ModelError(f"--model {source}: an MLflow model needs its resolved model file")
+        return load_mlflow_file(weights, source).eval()
+    if kind == "timm":
+        from spark_cnn.models.timm_models import timm_module
+
+        module = timm_module(source)
+    elif kind == "torchscript":
         try:
             module = torch.jit.load(source, map_location="cpu")
         except Exception as e:
@@ -94,7 +107,8 @@ def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: st
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"--weights {weights}: expected a state_dict (a dict of tensors, torch.save(model."
                          f"state_dict(), path)), found {type(state).__name__}")
-    torchvision_model = model_kind(source) == "torchvision"
+    kind = model_kind(source)
+    torchvision_model = kind == "torchvision"
     aux_prefixes = AUX_HEAD_MODELS.get(source, ()) if torchvision_model else ()
     if aux_prefixes:
         state = {k: v for k, v in state.items() if not k.startswith(aux_prefixes)}
@@ -105,10 +119,15 @@ def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: st
         return module
     except RuntimeError as e:
         first_error = e
-    # A torchvision model fine-tuned to another class count: rebuild it with the count the weights carry.
+    # A torchvision or timm model fine-tuned to another class count: rebuild it with the count the weights carry.
     classes = _classifier_classes(state)
-    if torchvision_model and classes is not None and weights_enum is None:
-        rebuilt = _torchvision_model(source, num_classes=classes, pretrained=True)
+    if kind in ("torchvision", "timm") and classes is not None and weights_enum is None:
+        if torchvision_model:
+            rebuilt = _torchvision_model(source, num_classes=classes, pretrained=True)
+        else:
+            from spark_cnn.models.timm_models import timm_module
+
+            rebuilt = timm_module(source, num_classes=classes)
         try:
             rebuilt.load_state_dict(state)
             return rebuilt

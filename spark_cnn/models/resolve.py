@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
@@ -26,19 +26,36 @@ def resolve_weights(spec: ModelSpec) -> ResolvedWeights:
     """What `spec.weights` names, as a file to load and ship, a label and what the weights bring.
 
     The one place weights are resolved, by the model's source kind: torchvision names resolve through
-    torchvision (its cache under TORCH_HOME, downloaded once when missing); other kinds take files only."""
+    torchvision (its cache under TORCH_HOME, downloaded once when missing); a timm model brings timm's data config
+    (and with DEFAULT timm's pretrained weights, saved as a file); an MLflow model resolves to its model file
+    (downloaded once); other kinds take files only."""
     kind = weights_kind(spec.weights)
+    if spec.kind == "mlflow":
+        from spark_cnn.models.mlflow_models import resolve_mlflow_model
+
+        return resolve_mlflow_model(spec.source)
+    if spec.kind == "timm":
+        from spark_cnn.models.timm_models import resolve_timm_weights
+
+        resolved = resolve_timm_weights(spec.source, spec.weights, spec.weights if kind == FILE else None)
+        if resolved.label:
+            return resolved
+        return replace(resolved, label=_file_label(resolved.file) if resolved.file else RANDOM)
     if kind == NAME and spec.kind == "torchvision":
         from spark_cnn.models.tv_weights import resolve_torchvision_weights
 
         return resolve_torchvision_weights(spec.source, spec.weights)
     if kind == FILE:
-        return ResolvedWeights(file=spec.weights, label=f"sha256:{file_sha256(spec.weights)[:LABEL_HASH_CHARS]}")
+        return ResolvedWeights(file=spec.weights, label=_file_label(spec.weights))
     if kind == RANDOM or (kind is None and spec.kind == "torchvision"):
         return ResolvedWeights(file=None, label=RANDOM)
     if kind is None:
         return ResolvedWeights(file=None, label=BUILTIN)
     raise ConfigError(f"--weights {spec.weights}: --model {spec.source} ({spec.kind}) takes a state_dict file")
+
+
+def _file_label(path: str) -> str:
+    return f"sha256:{file_sha256(path)[:LABEL_HASH_CHARS]}"
 
 
 def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool = False,
@@ -54,7 +71,7 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     from spark_cnn.models.loader import build_module, declared_preprocessing
 
     weights = resolve_weights(spec)
-    module = build_module(spec.source, weights.file, weights.enum)
+    module = build_module(spec.source, weights.file, weights.enum, kind=spec.kind)
     own = Preprocessing.from_dict(weights.preprocessing) if weights.preprocessing else None
     prep = spec.preprocessing_over(own or declared_preprocessing(module) or Preprocessing())
     if embedding_layer is not None and not embeddings:
@@ -83,6 +100,6 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
              if path and os.path.isfile(path)}
     endpoint = Endpoint(source=spec.source, weights=weights.file, preprocessing=prep, top_k=top_k,
                         logits=logits, embeddings=embeddings, files=files, embedding_layer=embedding_layer,
-                        weights_enum=weights.enum).with_fingerprint()
+                        weights_enum=weights.enum, kind=spec.kind).with_fingerprint()
     embedding_dim = int(out["embedding"].shape[1]) if embeddings else None
     return ResolvedModel(endpoint=endpoint, num_classes=num_classes, embedding_dim=embedding_dim, weights=weights)

@@ -24,6 +24,7 @@ RESOLVE_TIMEOUT_S = 300.0
 # Checked models by (spec, options, model and weight files' size and mtime, torch's cache location): a notebook or
 # a benchmark that runs several jobs over one model pays for the child process once.
 _checked: dict = {}
+CACHE_ENVIRONMENT = ("TORCH_HOME", "XDG_CACHE_HOME", "HF_HOME", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 _checked_lock = threading.Lock()
 
 
@@ -35,8 +36,8 @@ def _cache_key(spec: ModelSpec, options: dict) -> tuple:
             stats.append((st.st_size, st.st_mtime_ns) if st else None)
         except OSError:
             stats.append(None)
-    # Named weights resolve to a file in torch's cache, which these variables place.
-    cache = tuple(os.environ.get(name) for name in ("TORCH_HOME", "XDG_CACHE_HOME"))
+    # Named weights resolve to a file in torch's (or timm's, MLflow's) cache, which these variables place.
+    cache = tuple(os.environ.get(name) for name in CACHE_ENVIRONMENT)
     return repr(spec), tuple(sorted(options.items())), tuple(stats), cache
 
 
@@ -46,6 +47,8 @@ def resolve_endpoint_isolated(spec: ModelSpec, **options):
         from spark_cnn.models.resolve import resolve_endpoint
 
         return resolve_endpoint(spec, **options)
+    if not _pinned(spec):
+        return _resolve_in_child(spec, options)
     key = _cache_key(spec, options)
     with _checked_lock:
         if key in _checked:
@@ -54,6 +57,14 @@ def resolve_endpoint_isolated(spec: ModelSpec, **options):
     with _checked_lock:
         _checked[key] = resolved
     return resolved
+
+
+def _pinned(spec: ModelSpec) -> bool:
+    """False for a registry URI that may name another version next time (an alias, a stage, latest)."""
+    if not spec.source.startswith("models:/"):
+        return True
+    name, _, suffix = spec.source[len("models:/"):].partition("/")
+    return "@" not in name and (not suffix or suffix.isdigit())
 
 
 class _OwnClassesUnpickler(pickle.Unpickler):

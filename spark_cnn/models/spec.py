@@ -5,21 +5,33 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.weights import NAME, RANDOM, weights_kind
+from spark_cnn.models.weights import NAME, RANDOM, TIMM_PRETRAINED, weights_kind
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
+TIMM_PREFIX = "timm:"  # --model timm:NAME[.TAG]
+# MLflow model URIs (registry, run artifacts); a local MLflow model is a directory holding this file.
+MLFLOW_SCHEMES = ("models:/", "runs:/")
+MLMODEL_FILE = "MLmodel"
+# models:/NAME/VERSION (or a stage, or latest), models:/NAME@ALIAS, models:/MODEL_ID; runs:/RUN_ID/PATH.
+_MLFLOW_URI = re.compile(r"^(?:models:/[^/@]+(?:/[^/@]+|@[^/@]+)?|runs:/[^/]+/.+)$")
 # Top-5 is the usual ImageNet report; smaller models get min(5, classes).
 DEFAULT_TOP_K = 5
 
 
 def model_kind(source: str) -> str:
-    """'torchscript' for a file, 'factory' for `module:callable`, else 'torchvision' (a model name)."""
+    """'timm' for `timm:NAME`, 'mlflow' for an MLflow model URI or directory, 'torchscript' for a file, 'factory'
+    for `module:callable`, else 'torchvision' (a model name)."""
+    if source.startswith(TIMM_PREFIX):
+        return "timm"
+    if source.startswith(MLFLOW_SCHEMES) or os.path.isfile(os.path.join(source, MLMODEL_FILE)):
+        return "mlflow"
     if source.endswith(TORCHSCRIPT_SUFFIXES) or os.path.isfile(source):
         return "torchscript"
     if ":" in source:
@@ -31,13 +43,16 @@ def model_kind(source: str) -> str:
 class ModelSpec:
     """A model as the user names it.
 
-    `source` is a torchvision classification model name (`resnet50`), a TorchScript file (`model.pt`), or
-    `package.module:factory` returning an `nn.Module`. `weights` is an optional state_dict file, loaded with
+    `source` is a torchvision classification model name (`resnet50`), a TorchScript file (`model.pt`),
+    `package.module:factory` returning an `nn.Module`, a timm model (`timm:resnet50.a1_in1k`, the `timm` extra),
+    or an MLflow PyTorch model (`models:/NAME/VERSION`, `models:/NAME@ALIAS`, `runs:/RUN_ID/PATH` or a local
+    MLflow model directory, the `mlflow` extra). `weights` is an optional state_dict file, loaded with
     `weights_only=True`; for a torchvision model also torchvision's weights by name (`DEFAULT`, `IMAGENET1K_V2`,
-    `ResNet50_Weights.IMAGENET1K_V2`) or `random` (its random initialisation, asked for). `preprocessing`
-    overrides some or all fields of the model's preprocessing, which is what the named weights bring, else what
-    the model declares (attribute `spark_cnn_preprocessing`), else the torchvision default; give a dict of
-    `Preprocessing` fields or a whole `Preprocessing`.
+    `ResNet50_Weights.IMAGENET1K_V2`) or `random` (its random initialisation, asked for); for a timm model
+    `DEFAULT` (timm's pretrained weights for that name and tag) or `random`; an MLflow model carries its own.
+    `preprocessing` overrides some or all fields of the model's preprocessing, which is what the named weights
+    (or timm's data config) bring, else what the model declares (attribute `spark_cnn_preprocessing`), else the
+    torchvision default; give a dict of `Preprocessing` fields or a whole `Preprocessing`.
 
     >>> ModelSpec("mobilenet_v3_small").kind
     'torchvision'
@@ -61,20 +76,34 @@ class ModelSpec:
             Preprocessing(**{"resize": 1 << 30, "crop": 1, **overrides})
             object.__setattr__(self, "preprocessing", dict(overrides))
         if not self.source or not self.source.strip():
-            raise ConfigError("--model is empty: give a torchvision model name, a TorchScript file or module:factory")
+            raise ConfigError("--model is empty: give a torchvision model name, a TorchScript file, module:factory, "
+                              "timm:NAME or an MLflow model URI")
+        _check_source(self.source, self.kind)
         kind = weights_kind(self.weights)
         if self.weights is not None and kind is None:
             raise ConfigError(f"--weights {self.weights}: no such file (nor a torchvision weights name such as "
                               "DEFAULT)")
-        if kind in (NAME, RANDOM) and self.kind != "torchvision":
-            raise ConfigError(f"--weights {self.weights}: weights by name (and random) are for torchvision model "
-                              f"names; --model {self.source} takes a state_dict file")
+        if self.kind == "mlflow" and self.weights is not None:
+            raise ConfigError(f"--weights {self.weights}: the MLflow model {self.source} carries its own weights; "
+                              "drop --weights")
+        if self.kind == "timm" and kind == NAME and self.weights != TIMM_PRETRAINED:
+            raise ConfigError(f"--weights {self.weights}: a timm model takes {TIMM_PRETRAINED} (timm's pretrained "
+                              f"weights; name the tag in --model, e.g. timm:resnet50.a1_in1k), a state_dict file "
+                              f"or random")
+        if kind in (NAME, RANDOM) and self.kind not in ("torchvision", "timm"):
+            raise ConfigError(f"--weights {self.weights}: weights by name (and random) are for torchvision and timm "
+                              f"models; --model {self.source} takes a state_dict file")
         if self.kind == "torchscript" and not os.path.isfile(self.source):
             raise ConfigError(f"--model {self.source}: no such TorchScript file")
 
     @property
     def kind(self) -> str:
         return model_kind(self.source)
+
+    @property
+    def timm_name(self) -> str:
+        """`resnet50.a1_in1k` of `timm:resnet50.a1_in1k`."""
+        return self.source[len(TIMM_PREFIX):]
 
     def preprocessing_over(self, base: Preprocessing) -> Preprocessing:
         """`base` (the model's own preprocessing) with this spec's overrides applied."""
@@ -100,6 +129,8 @@ class Endpoint:
     files: dict = field(default_factory=dict)
     embedding_layer: str | None = None  # None: the input of the last Linear layer
     weights_enum: str | None = None  # torchvision weights the `weights` file holds: the model is built for them
+    # The spec's kind ("" = derived from `source`): an MLflow directory's source names a path executors lack.
+    kind: str = ""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -133,6 +164,15 @@ class Endpoint:
         swap = {path: resolve(name) for path, name in self.files.items()}
         return replace(self, source=swap.get(self.source, self.source),
                        weights=swap.get(self.weights, self.weights) if self.weights else None)
+
+
+def _check_source(source: str, kind: str) -> None:
+    """The syntax of timm and MLflow sources, so a typo stops here, not in a child process or a task."""
+    if kind == "timm" and not source[len(TIMM_PREFIX):].strip():
+        raise ConfigError(f"--model {source}: name the timm model, e.g. timm:resnet50 or timm:resnet50.a1_in1k")
+    if kind == "mlflow" and source.startswith(MLFLOW_SCHEMES) and not _MLFLOW_URI.match(source):
+        raise ConfigError(f"--model {source}: not an MLflow model URI; expected models:/NAME/VERSION, "
+                          "models:/NAME@ALIAS, models:/MODEL_ID or runs:/RUN_ID/PATH")
 
 
 def file_sha256(path: str, chunk: int = 1 << 20) -> str:

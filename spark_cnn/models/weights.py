@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 from spark_cnn.errors import ConfigError
 
 RANDOM = "random"  # asks for the model's random initialisation, without the warning
+TIMM_PRETRAINED = "DEFAULT"  # a timm model's pretrained weights (for its name and tag), as torchvision's DEFAULT
 # The weights label when the model brings its own (a factory's, a TorchScript file's) and none are given.
 BUILTIN = "builtin"
 # An enum member (upper case, as torchvision names them), optionally after its enum class (`*_Weights.`).

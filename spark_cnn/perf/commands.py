@@ -26,7 +26,7 @@ def _model_and_cost(spec: ModelSpec):
     from spark_cnn.perf.layers import analyse
 
     weights = resolve_weights(spec)
-    module = build_module(spec.source, weights.file, weights.enum)
+    module = build_module(spec.source, weights.file, weights.enum, kind=spec.kind)
     own = Preprocessing.from_dict(weights.preprocessing) if weights.preprocessing else None
     prep = spec.preprocessing_over(own or declared_preprocessing(module) or Preprocessing())
     shape = (3, prep.crop, prep.crop)

@@ -150,7 +150,8 @@ class ModelRunner:
         self.options = options
         self.cuda = device.type == "cuda"
         self.channels_last = self.cuda if options.channels_last is None else options.channels_last
-        module = build_module(endpoint.source, endpoint.weights, endpoint.weights_enum).to(device)
+        module = build_module(endpoint.source, endpoint.weights, endpoint.weights_enum,
+                              kind=endpoint.kind or None).to(device)
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
         if options.compile:

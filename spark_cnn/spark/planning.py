@@ -51,7 +51,8 @@ class CheckedModel:
 
     @property
     def weights_label(self) -> str:
-        """The weights actually used: torchvision's enum name, `sha256:<hash>` of a file, random or builtin."""
+        """The weights actually used: torchvision's enum name, `sha256:<hash>` of a file, timm's pretrained name and
+        origin, an MLflow URI with its version and file hash, random or builtin."""
         return self.resolved.weights.label
 
 
@@ -83,8 +84,9 @@ def check_model(options: InferenceOptions) -> CheckedModel:
     if labels is None:
         labels = resolved.weights.categories
     if resolved.weights.label == RANDOM and options.model.weights is None:
-        _log.warning("spark-cnn: warning: --model %s runs with random weights; pass --weights DEFAULT (torchvision's "
-                     "pretrained), a state_dict file, or --weights random to silence this", options.model.source)
+        _log.warning("spark-cnn: warning: --model %s runs with random weights; pass --weights DEFAULT (its "
+                     "pretrained weights), a state_dict file, or --weights random to silence this",
+                     options.model.source)
     if labels is not None and len(labels) != resolved.num_classes:
         where = f" {options.labels}" if isinstance(options.labels, str) else ""
         raise ConfigError(f"--labels{where} has {len(labels)} names but the model has "

@@ -57,10 +57,11 @@ def test_cached_path_is_torch_hubs():
         "/th/hub/checkpoints/resnet50-11ad3fa6.pth"
 
 
-def test_model_spec_takes_names_for_torchvision_models_only():
+def test_model_spec_takes_names_for_torchvision_and_timm_models_only():
     assert ModelSpec("resnet50", weights="DEFAULT").weights == "DEFAULT"
     assert ModelSpec("resnet50", weights=RANDOM).weights == RANDOM
-    with pytest.raises(ConfigError, match="weights by name .* are for torchvision model names"):
+    with pytest.raises(ConfigError, match="weights by name .* are for torchvision and timm models"):
         ModelSpec("pkg.mod:factory", weights="DEFAULT")
+    assert ModelSpec("timm:resnet18", weights="DEFAULT").kind == "timm"
     with pytest.raises(ConfigError, match="--weights nope.pth: no such file"):
         ModelSpec("resnet50", weights="nope.pth")
