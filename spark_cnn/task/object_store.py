@@ -86,7 +86,7 @@ class StorageOptions:
             for item in filter(None, (part.strip() for part in str(text).split(","))):
                 key, sep, value = item.partition("=")
                 if not sep or not key.strip():
-                    raise ConfigError(f"--storage-option {item!r}: expected KEY=VALUE, e.g. endpoint=http://host:9000")
+                    raise ConfigError(f"--storage-option {item}: expected KEY=VALUE, e.g. endpoint=http://host:9000")
                 pairs.append((key, value))
         return cls(tuple(pairs))
 
