@@ -345,7 +345,8 @@ def read_parquet_images(spark: SparkSession, input_uri: str, options: InputOptio
 
 def read_petastorm(spark: SparkSession, input_uri: str, options: InputOptions) -> ImageSource:
     """A Petastorm dataset: its Unischema (read safely) names the image field and how it is encoded."""
-    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA)
+    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA,
+                                StorageOptions.parse(options.storage_options))
     if metadata is None:
         raise InputError(f"{input_uri} is not a petastorm dataset: it has no {petastorm.COMMON_METADATA} file")
     schema = petastorm.read_unischema(metadata, source=input_uri)

@@ -52,7 +52,11 @@ class StoreUnavailable(InputError):
     """This process cannot load a store's client at all (HDFS without libhdfs and a JVM)."""
 
 
-@dataclass(frozen=True)
+# Options whose values are secrets: never shown in a repr (plans and options end up in logs and tracebacks).
+SECRET_KEYS = frozenset({"secret_key", "session_token", "account_key", "sas_token", "client_secret", "access_token"})
+
+
+@dataclass(frozen=True, repr=False)
 class StorageOptions:
     """KEY=VALUE options for the stores, as given (text), sorted by key; hashable, so it keys the filesystem cache.
 
@@ -93,6 +97,10 @@ class StorageOptions:
                     raise ConfigError(f"--storage-option {item}: expected KEY=VALUE, e.g. endpoint=http://host:9000")
                 pairs.append((key, value))
         return cls(tuple(pairs))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={'***' if k in SECRET_KEYS else v}" for k, v in self.pairs)
+        return f"StorageOptions({shown})"
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return dict(self.pairs).get(key, default)

@@ -26,6 +26,8 @@ def test_options_parse_from_flags_texts_and_mappings():
     assert StorageOptions.parse({"anonymous": True, "region": "eu-west-1"}).get("anonymous") == "true"
     assert StorageOptions.parse("sas_token=sv=2024&sig=a=b").get("sas_token") == "sv=2024&sig=a=b"  # '=' in values
     assert StorageOptions.parse(None) == NO_STORAGE and not NO_STORAGE
+    secret = StorageOptions.parse("access_key=AK,secret_key=hush")
+    assert repr(secret) == "StorageOptions(access_key=AK, secret_key=***)"
     with pytest.raises(ConfigError, match="--storage-option endpoint: expected KEY=VALUE"):
         StorageOptions.parse("endpoint")
     with pytest.raises(ConfigError, match="--storage-option regoin: unknown key; valid keys: .*region"):
