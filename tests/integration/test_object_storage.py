@@ -7,11 +7,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.config import ClassifyConfig, InferenceOptions, InputOptions
+from spark_cnn.config import ClassifyConfig, EtlConfig, InferenceOptions, InputOptions
 from spark_cnn.errors import InputError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
+from spark_cnn.spark.etl_job import run_etl
 from spark_cnn.spark.storage import ArrowFS
 from spark_cnn.task.object_store import StorageOptions
 from tests.sample_images import broken_files, encode, real_image_files, sample_photo, write_files
@@ -85,6 +86,22 @@ def test_objects_are_listed_and_read_in_the_tasks_as_local_files_are(spark, demo
         {n: tuple(r[c] for c in columns) for n, r in listed.items()}
     assert (from_store["images"], from_store["errors"]) == (from_folder["images"], from_folder["errors"]) == \
         (len(files), 4)
+
+
+def test_the_etl_takes_each_object_once(spark, demo_assets, images, s3_endpoint, tmp_path):
+    files, _, limit = images
+    storage = {**KEYS, "endpoint": s3_endpoint, "region": "us-east-1"}
+    config = EtlConfig(ClassifyConfig(f"s3://{BUCKET}/in/photos", str(tmp_path / "out"),
+                                      InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights),
+                                                       max_file_bytes=limit),
+                                      InputOptions(glob="*.jpg", storage_options=storage), quiet=True),
+                       checkpoint=str(tmp_path / "checkpoint"), settle_s=0)
+    first = run_etl(config, spark=spark)
+    photos = {name for name in files if name.startswith("photos/") and name.endswith(".jpg")}
+    rows = _rows(str(tmp_path / "out"), f"s3://{BUCKET}/in")
+    assert set(rows) == photos and all(row["error"] is None for row in rows.values())
+    assert (first["images"], first["errors"]) == (len(photos), 0)
+    assert run_etl(config, spark=spark)["images"] == 0  # taken once
 
 
 def _jobs_run(spark) -> int:
