@@ -9,6 +9,7 @@ from spark_cnn.cli import resolution
 from spark_cnn.cli.common import floats
 from spark_cnn.cli.resolution import Option, flags_only, given
 from spark_cnn.config import INPUT_FORMATS, ON_ERROR_CHOICES, PARTITION_COLUMNS
+from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.task.client import REPLY_TIMEOUT_S
@@ -34,9 +35,19 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
                              "anonymous=true)")
 
 
+class _BadPairs(argparse.ArgumentTypeError, ValueError):
+    """argparse shows its message as the flag's error; the resolver (presets, spark.cnn.*) catches ValueError."""
+
+
 def storage_pairs(text: str) -> tuple[tuple[str, str], ...]:
     """`k=v[,k=v...]` -> ((k, v), ...): argparse type of --storage-option (and its preset / spark.cnn value)."""
-    return StorageOptions.parse(text).pairs
+    try:
+        return StorageOptions.parse(text).pairs
+    except ConfigError as e:
+        raise _BadPairs(str(e).removeprefix("--storage-option ")) from None
+
+
+storage_pairs.accepts_mapping = True  # a preset may give the pairs as a YAML mapping (resolution.convert)
 
 
 class StorageOptionsAction(argparse.Action):
@@ -45,7 +56,10 @@ class StorageOptionsAction(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         before = getattr(namespace, self.dest, None)
         before = before if isinstance(before, tuple) else ()
-        setattr(namespace, self.dest, StorageOptions.parse((*before, *values)).pairs)
+        try:
+            setattr(namespace, self.dest, StorageOptions.parse((*before, *values)).pairs)
+        except ConfigError as e:
+            raise argparse.ArgumentError(self, str(e).removeprefix("--storage-option: ")) from None
 
 
 def add_decode_limits(group) -> None:
