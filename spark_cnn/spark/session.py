@@ -73,7 +73,8 @@ def spark_session(*, master: str | None = None, remote: str | None = None, app_n
 
 def is_connect(spark: SparkSession) -> bool:
     """A Spark Connect session (pyspark.sql.connect): no SparkContext, JVM or accumulators in this process."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
+    connect = sys.modules.get("pyspark.sql.connect.session")  # loaded by any Connect session; needs grpc
+    return connect is not None and isinstance(spark, connect.SparkSession)
 
 
 def application_id(spark: SparkSession) -> str:

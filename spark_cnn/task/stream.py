@@ -117,17 +117,8 @@ class PartitionInference:
                 yield self.assemble(state)
             return
         snapshots: list[dict] = []
-        held = None  # the last non-empty batch goes out once the stats are in, carrying them
-        for state in infer_batches(self.plan, inputs, _Collected(snapshots), self.environment):
-            rows = self.assemble(state)
-            if rows.num_rows == 0:
-                yield _stats_on_first_row(rows, None)
-                continue
-            if held is not None:
-                yield _stats_on_first_row(held, None)
-            held = rows
-        if held is not None:
-            yield _stats_on_first_row(held, json.dumps(snapshots[-1]) if snapshots else None)
+        states = infer_batches(self.plan, inputs, _Collected(snapshots), self.environment)
+        yield from stats_on_last_batch((self.assemble(state) for state in states), snapshots)
 
     def assemble(self, state: _BatchState) -> pa.RecordBatch:
         """The classify output rows of one input batch: every reply row at its input position (place_rows
@@ -160,6 +151,21 @@ class _Collected:
 
     def add(self, update: dict) -> None:
         self._snapshots.extend(update.values())
+
+
+def stats_on_last_batch(batches: Iterator[pa.RecordBatch], snapshots: list[dict]) -> Iterator[pa.RecordBatch]:
+    """`batches` with SIDECAR_STATS_COLUMN added: JSON of the last of `snapshots` (filled by the time `batches`
+    ends) on the first row of the last non-empty batch, null elsewhere. That batch is held back until then."""
+    held = None
+    for rows in batches:
+        if rows.num_rows == 0:
+            yield _stats_on_first_row(rows, None)
+            continue
+        if held is not None:
+            yield _stats_on_first_row(held, None)
+        held = rows
+    if held is not None:
+        yield _stats_on_first_row(held, json.dumps(snapshots[-1]) if snapshots else None)
 
 
 def _stats_on_first_row(rows: pa.RecordBatch, stats: str | None) -> pa.RecordBatch:
