@@ -13,6 +13,7 @@ from spark_cnn.imaging.limits import DEFAULT_DECODE, DEFAULT_MAX_FILE_BYTES, DEF
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_ROWS, REPLY_TIMEOUT_S
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
+from spark_cnn.task.object_store import StorageOptions
 from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -45,6 +46,8 @@ class InputOptions:
     glob: file-name pattern for images/image (Hadoop glob: *, ?, [ab], {jpg,png}).
     image_column / path_column / label_column: for parquet and petastorm inputs; the path column is the row's id
     in the output, the label column (the true class) fills `true_label`.
+    storage_options: (KEY, VALUE) pairs for object-store inputs (endpoint, region, anonymous, ...; see
+    task/object_store.py), given as `KEY=VALUE` texts or a mapping; the driver's listing and the tasks use them.
     """
 
     format: str = field(default="auto", metadata={OPTION_NAME: "input_format"})
@@ -52,8 +55,10 @@ class InputOptions:
     image_column: str | None = None
     path_column: str | None = None
     label_column: str | None = None
+    storage_options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "storage_options", StorageOptions.parse(self.storage_options).pairs)
         if self.format not in INPUT_FORMATS:
             raise ConfigError(f"--input-format {self.format}: expected one of {', '.join(INPUT_FORMATS)}")
         if self.glob is not None and (not self.glob or "/" in self.glob):

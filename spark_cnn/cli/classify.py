@@ -12,6 +12,7 @@ from spark_cnn.config import INPUT_FORMATS, ON_ERROR_CHOICES, PARTITION_COLUMNS
 from spark_cnn.imaging.limits import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.task.client import REPLY_TIMEOUT_S
+from spark_cnn.task.object_store import OPTION_KEYS, StorageOptions
 from spark_cnn.task.run_options import DECODE_CHOICES, PRECISIONS
 
 
@@ -25,6 +26,26 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
     inputs.add_argument("--path-column", help="parquet/petastorm: the row id written as `path` (default: a column "
                                               "named path, id, ...; else file#row)")
     inputs.add_argument("--label-column", help="parquet/petastorm: the true class (name or index), for accuracy")
+    inputs.add_argument("--storage-option", dest="storage_options", action=StorageOptionsAction, default=(),
+                        type=storage_pairs, metavar="KEY=VALUE",
+                        help="object-store inputs (s3://, gs://, abfs://, az://, hdfs://): a setting for the driver's "
+                             "listing and the tasks' reads, over the store's own credential chain; repeatable. Keys: "
+                             f"{', '.join(OPTION_KEYS)} (e.g. endpoint=http://127.0.0.1:9000, region=eu-west-1, "
+                             "anonymous=true)")
+
+
+def storage_pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """`k=v[,k=v...]` -> ((k, v), ...): argparse type of --storage-option (and its preset / spark.cnn value)."""
+    return StorageOptions.parse(text).pairs
+
+
+class StorageOptionsAction(argparse.Action):
+    """Repeated --storage-option flags add up (each may hold several comma-separated KEY=VALUE pairs)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = getattr(namespace, self.dest, None)
+        before = before if isinstance(before, tuple) else ()
+        setattr(namespace, self.dest, StorageOptions.parse((*before, *values)).pairs)
 
 
 def add_decode_limits(group) -> None:

@@ -198,7 +198,9 @@ def convert(option: Option, value: Any, *, where: str) -> Any:
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, Mapping):  # a YAML mapping stands for KEY=VALUE pairs (--storage-option)
+        text = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
         text = ",".join(str(v) for v in value)  # a YAML list stands for the flag's comma-separated value
     elif isinstance(value, bool):
         text = str(value).lower()

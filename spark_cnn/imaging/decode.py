@@ -110,10 +110,11 @@ def check_file_size(data: bytes, options: DecodeOptions = DEFAULT_DECODE) -> Non
     """Refuse empty files and files over `options.max_file_bytes`, before any parsing."""
     if not data:
         raise ImageError("empty file (0 bytes)")
-    _check_size(len(data), options)
+    check_size(len(data), options)
 
 
-def _check_size(size: int, options: DecodeOptions) -> None:
+def check_size(size: int, options: DecodeOptions = DEFAULT_DECODE) -> None:
+    """Refuse a file of `size` bytes over `options.max_file_bytes`, before reading it (e.g. from a listing)."""
     if size > options.max_file_bytes:
         raise ImageError(f"file too large: {size} bytes, more than --max-file-bytes {options.max_file_bytes}")
 
@@ -123,7 +124,7 @@ def read_image_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes
     raises ImageError, so it costs its row only."""
     try:
         with open(path, "rb") as f:
-            _check_size(os.fstat(f.fileno()).st_size, options)  # before reading a file too large to read
+            check_size(os.fstat(f.fileno()).st_size, options)  # before reading a file too large to read
             data = f.read()
     except OSError as e:
         raise ImageError(f"cannot read file: {type(e).__name__}: {e.strerror or e}") from e

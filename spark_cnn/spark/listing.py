@@ -6,7 +6,8 @@ zero-byte files. This walk follows symlinked folders but lists each real folder 
 loop, or a second link to a folder already listed, adds nothing), keeps zero-byte files, and turns a folder it
 cannot list into one entry with the reason, which becomes that folder's error row. Names Spark hides (`.x`,
 `_x`, `x._COPYING_`) are skipped as Spark skips them; FIFOs, sockets and devices are not image files and are
-skipped too (reading one could block a task). Pure: no Spark.
+skipped too (reading one could block a task). Object stores and HDFS (`list_objects`) are listed through
+`pyarrow.fs` with the same hidden-name and glob rules, one recursive (paginated) listing per input. Pure: no Spark.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from spark_cnn.errors import InputError
+from spark_cnn.task.object_store import StorageOptions, filesystem, join_uri, storage_error
 
 _scandir = os.scandir  # module attribute, so a test can make one folder fail as an unreadable one does
 
@@ -132,3 +134,44 @@ def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost
     if current:
         partitions.append(current)
     return partitions
+
+
+def list_store(fs, root: str, *, glob: str | None = None, uri_of=lambda path: path) -> list[Entry]:
+    """Every visible object under `root` on a pyarrow filesystem `fs` (a folder or prefix, or one object) whose
+    name matches `glob`, in path order, `path` spelled by `uri_of(listed path)`. One recursive FileSelector: an
+    object store answers with one paginated listing, whatever the depth. Raises what `fs` raises (the caller
+    words it); `root` missing: FileNotFoundError."""
+    from pyarrow.fs import FileSelector, FileType
+
+    info = fs.get_file_info(root)
+    if info.type == FileType.File:
+        name = posixpath.basename(root)
+        return [_store_entry(info, uri_of)] if matches_glob(name, glob) else []
+    listed = fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=False))
+    prefix = root.rstrip("/") + "/"
+    entries = []
+    for item in listed:
+        if item.type != FileType.File:
+            continue
+        relative = item.path[len(prefix):] if item.path.startswith(prefix) else item.path
+        parts = relative.split("/")
+        if any(is_hidden(part) for part in parts) or not matches_glob(parts[-1], glob):
+            continue
+        entries.append(_store_entry(item, uri_of))
+    return sorted(entries, key=lambda e: e.path)
+
+
+def _store_entry(info, uri_of) -> Entry:
+    mtime = info.mtime_ns // 1_000_000 if info.mtime_ns is not None else 0
+    return Entry(uri_of(info.path), info.size or 0, mtime_ms=mtime)
+
+
+def list_objects(uri: str, options: StorageOptions, *, glob: str | None = None) -> list[Entry]:
+    """`list_store` over the object store (or HDFS) of `uri`; any failure (no such bucket, no credentials, an
+    endpoint that does not answer, nothing at `uri`) is one InputError line naming `uri` and what to set."""
+    fs, root = filesystem(uri, options)
+    try:
+        return list_store(fs, root, glob=glob, uri_of=lambda path: join_uri(uri, path))
+    except OSError as e:
+        raise InputError(storage_error(uri, e) if not isinstance(e, FileNotFoundError)
+                         else f"input {uri} does not exist") from e

@@ -36,20 +36,22 @@ class PetastormEncoder:
     def __init__(self, reading: ReadPlan, codec: str, *, jpeg_quality: int):
         self.encoding, self.codec, self.jpeg_quality = reading.encoding, codec, jpeg_quality
         self.with_label, self.on_error = TRUE_LABEL in reading.carry, reading.on_error
-        self.decode_options = reading.decode_options
+        self.decode_options, self.storage = reading.decode_options, reading.storage
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         schema = petastorm.arrow_schema(petastorm.image_unischema(self.codec, with_label=self.with_label))
         for batch in batches:
             paths = batch.column("path").to_pylist()
             contents = batch.column("content")
+            sizes = batch.column("size").to_pylist() if "size" in batch.schema.names else None
             geometry = ([batch.column(n).to_pylist() for n in ("height", "width", "channels")]
                         if "height" in batch.schema.names else None)
             images, errors = [], []
             for i, path in enumerate(paths):
                 try:
-                    data = (read_listed_file(path, self.decode_options) if self.encoding == LOCAL_FILES
-                            else contents[i].as_py())
+                    data = (read_listed_file(path, self.decode_options, storage=self.storage,
+                                             size=sizes[i] if sizes is not None else None)
+                            if self.encoding == LOCAL_FILES else contents[i].as_py())
                     rgb = self._rgb(data, [column[i] for column in geometry] if geometry else [])
                     images.append(petastorm.encode_image(rgb, self.codec, jpeg_quality=self.jpeg_quality))
                     errors.append(None)

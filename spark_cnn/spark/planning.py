@@ -34,6 +34,7 @@ from spark_cnn.models.spec import file_sha256
 from spark_cnn.spark.session import application_id, ship_files
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource
 from spark_cnn.task.launcher import LaunchOptions
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions
 from spark_cnn.task.stream import InferencePlan
 
 _log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class ReadPlan:
     carry: tuple[str, ...] = ()
     decode_options: DecodeOptions = DEFAULT_DECODE
     on_error: str = "record"
+    storage: StorageOptions = NO_STORAGE  # how tasks open the object store a listed input lives in
 
 
 def plan_reading(source: ImageSource | None, *, decode_options: DecodeOptions = DEFAULT_DECODE,
@@ -110,7 +112,7 @@ def plan_reading(source: ImageSource | None, *, decode_options: DecodeOptions = 
     if source is None:
         return ReadPlan(decode_options=decode_options, on_error=on_error)
     return ReadPlan(encoding=source.encoding, carry=(TRUE_LABEL,) if source.has_labels else (),
-                    decode_options=decode_options, on_error=on_error)
+                    decode_options=decode_options, on_error=on_error, storage=source.storage)
 
 
 def plan_inference(options: InferenceOptions, model: CheckedModel, *, app_id: str,
@@ -128,7 +130,8 @@ def plan_inference(options: InferenceOptions, model: CheckedModel, *, app_id: st
         job_id=job_id or uuid.uuid4().hex[:12], run_options=options.run_options, decode=options.decode,
         on_error=reading.on_error, label_names=model.labels, request_rows=options.request_rows,
         max_in_flight=options.max_in_flight, decode_options=reading.decode_options,
-        request_timeout_s=options.request_timeout_s, encoding=reading.encoding, carry=reading.carry)
+        request_timeout_s=options.request_timeout_s, encoding=reading.encoding, carry=reading.carry,
+        storage=reading.storage)
 
 
 def start_inference(spark: SparkSession, options: InferenceOptions, model: CheckedModel, *,

@@ -6,13 +6,18 @@ string when the input says what each image is), plus how `content` holds the ima
 
 Spark's file sources drop zero-byte files from every scan (SPARK-26161, SPARK-27291). A zero-byte image is
 still an input that must come out as one row (with its error), so empty files are listed separately and
-added back with empty content. Local image folders are not listed by Spark at all: `spark/listing.py` walks
-them (unreadable subfolders become error rows, symlink loops are walked once) and the tasks read the files.
+added back with empty content. Local image folders and object stores (s3://, gs://, abfs://, az://, hdfs://) are
+not listed by Spark at all: `spark/listing.py` lists them on the driver (unreadable subfolders become error rows,
+symlink loops are walked once; an object store is one paginated listing through pyarrow.fs) and the tasks read
+the files (`task/files.py`), under --max-file-bytes checked against the listed size first. The listing becomes a
+DataFrame without `sparkContext` (`listed_frame`), so the same code serves Spark Connect sessions.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,10 +30,13 @@ from spark_cnn.config import InputOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
-from spark_cnn.spark.listing import is_hidden, matches_glob, pack_partitions, walk_files
-from spark_cnn.spark.storage import local_path
+from spark_cnn.spark.listing import Entry, is_hidden, list_objects, matches_glob, pack_partitions, walk_files
+from spark_cnn.spark.storage import ArrowFS, is_connect, local_path
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri
 
 IMAGE_ROW_SCHEMA = "path string, content binary"
+# Files the driver listed: no content (the tasks read `path`), and the listed size, checked before reading.
+LISTED_ROW_SCHEMA = "path string, content binary, size bigint"
 TRUE_LABEL = "true_label"
 # Column names taken as a table's row id when --path-column is not given, in this order.
 PATH_COLUMN_GUESSES = ("path", "id", "origin", "filename", "file", "name", "key", "uri", "url")
@@ -44,8 +52,9 @@ class ImageSource:
 
     frame: DataFrame
     format: str           # images | image | parquet | petastorm
-    encoding: str         # formats.pixels: ENCODED, SPARK_IMAGE or NPY
+    encoding: str         # formats.pixels: ENCODED, LOCAL_FILES, SPARK_IMAGE or NPY
     has_labels: bool = False
+    storage: StorageOptions = NO_STORAGE  # how the tasks open the object store of a listed input
 
     @property
     def columns(self) -> list[str]:
@@ -55,7 +64,13 @@ class ImageSource:
 def open_source(spark: SparkSession, input_uri: str, options: InputOptions | None = None) -> ImageSource:
     """Read `input_uri` as `options.format` (auto: detected from what is there)."""
     options = options or InputOptions()
-    fmt = options.format if options.format != "auto" else detect_format(spark, input_uri)
+    storage = NO_STORAGE
+    listed = None
+    if is_store_uri(input_uri):  # listed once here (bad bucket, endpoint, credentials: one line, no Spark job)
+        storage = for_tasks(input_uri, StorageOptions.parse(options.storage_options))
+        listed = list_objects(input_uri, storage, glob=None)
+    fmt = options.format if options.format != "auto" else detect_format(spark, input_uri, storage=storage,
+                                                                          listed=listed)
     if fmt in ("parquet", "petastorm") and options.glob is not None:
         raise ConfigError(f"--glob applies to image files, but {input_uri} holds a {fmt} dataset")
     if fmt in ("images", "image"):
@@ -66,13 +81,16 @@ def open_source(spark: SparkSession, input_uri: str, options: InputOptions | Non
             raise ConfigError(f"{', '.join(named)} {verb} to parquet and petastorm inputs, but {input_uri} holds "
                               "image files")
     if fmt == "images":
-        # Local (or shared-mount) files are read by the tasks: Spark only lists them. Reading them in the JVM
-        # (binaryFile content) and handing the bytes to Python costs the JVM more CPU per image than Spark's whole
-        # remaining work (docs/benchmarks.md); other filesystems are read by Spark.
-        in_tasks = local_path(input_uri) is not None
-        files = read_images(spark, input_uri, glob=options.glob, content=not in_tasks)
+        # Local (or shared-mount) files and object stores are read by the tasks: the driver lists them. Reading
+        # them in the JVM (binaryFile content) and handing the bytes to Python costs the JVM more CPU per image
+        # than Spark's whole remaining work (docs/benchmarks.md); other filesystems are read by Spark.
+        if listed is not None:
+            files = listed_frame(spark, [e for e in listed if matches_glob(posixpath.basename(e.path), options.glob)])
+        else:
+            files = read_images(spark, input_uri, glob=options.glob, content=local_path(input_uri) is None)
+        in_tasks = listed is not None or local_path(input_uri) is not None
         return ImageSource(with_folder_labels(spark, files, input_uri), "images",
-                           LOCAL_FILES if in_tasks else ENCODED, has_labels=True)
+                           LOCAL_FILES if in_tasks else ENCODED, has_labels=True, storage=storage)
     if fmt == "image":
         return ImageSource(with_folder_labels(spark, read_spark_images(spark, input_uri, glob=options.glob),
                                               input_uri), "image", SPARK_IMAGE, has_labels=True)
@@ -84,9 +102,11 @@ def open_source(spark: SparkSession, input_uri: str, options: InputOptions | Non
 # ---- format detection -------------------------------------------------------------------------------------
 
 
-def detect_format(spark: SparkSession, input_uri: str) -> str:
-    """petastorm (a Unischema in `_common_metadata`), parquet (only .parquet files), else images."""
-    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA)
+def detect_format(spark: SparkSession, input_uri: str, *, storage: StorageOptions = NO_STORAGE,
+                  listed: list[Entry] | None = None) -> str:
+    """petastorm (a Unischema in `_common_metadata`), parquet (only .parquet files), else images. `listed`: the
+    input's listing, when the caller has it (object stores)."""
+    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA, storage)
     if metadata is not None:
         try:
             if petastorm.is_petastorm_metadata(pq.read_metadata(_buffer(metadata)).metadata):
@@ -94,7 +114,8 @@ def detect_format(spark: SparkSession, input_uri: str) -> str:
         except Exception:  # not Parquet metadata: not a petastorm dataset
             pass
     seen_parquet = False
-    for name in _visible_files(spark, input_uri):
+    names = (e.path for e in listed if e.error is None) if listed is not None else _visible_files(spark, input_uri)
+    for name in names:
         if not name.endswith(".parquet"):
             return "images"
         seen_parquet = True
@@ -106,13 +127,18 @@ def _buffer(data: bytes):
     return pa.BufferReader(data)
 
 
-def _read_small_file(spark: SparkSession, uri: str) -> bytes | None:
+def _read_small_file(spark: SparkSession, uri: str, storage: StorageOptions = NO_STORAGE) -> bytes | None:
     local = local_path(uri)
     if local is not None:
         if not os.path.isfile(local):
             return None
         with open(local, "rb") as f:
             return f.read()
+    if is_store_uri(uri) or is_connect(spark):
+        fs = ArrowFS(storage)
+        if not fs.exists(uri):
+            return None
+        return fs.read_bytes(uri)
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(uri)
     fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -183,18 +209,29 @@ def _file_reader(spark: SparkSession, fmt: str, glob: str | None):
 def with_folder_labels(spark: SparkSession, frame: DataFrame, input_uri: str) -> DataFrame:
     """Add `true_label`: the class folder of each file (ImageFolder layout: INPUT/<class>/.../file), null for
     files directly in INPUT."""
-    root = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(input_uri).toString().rstrip("/") + "/"
+    root = listing_root(spark, input_uri) + "/"
     relative = F.split(F.substring(F.col("path"), len(root) + 1, 1 << 30), "/")
     in_folder = F.col("path").startswith(root) & (F.size(relative) > 1)
     return frame.withColumn(TRUE_LABEL, F.when(in_folder, F.element_at(relative, 1)).cast("string"))
 
 
+def listing_root(spark: SparkSession, input_uri: str) -> str:
+    """`input_uri` spelled as the listed paths under it begin: `file:/a/b` for a local folder, the URI itself for
+    an object store (the driver lists both), else as Hadoop's Path writes it (Spark lists those)."""
+    local = local_path(input_uri)
+    if local is not None:
+        return spark_path(posixpath.normpath(local))
+    if is_store_uri(input_uri) or is_connect(spark):
+        return input_uri.rstrip("/")
+    return spark.sparkContext._jvm.org.apache.hadoop.fs.Path(input_uri).toString().rstrip("/")
+
+
 def empty_files(spark: SparkSession, input_uri: str, *, glob: str | None = None) -> list[str]:
     """Zero-byte visible files under `input_uri` (names matching `glob`), as Spark writes their paths."""
-    jvm = spark.sparkContext._jvm
     local = local_path(input_uri)
     if local is not None:  # fast path: one stat per file, no JVM round trips
         return [spark_path(e.path) for e in walk_files(local, glob=glob) if e.error is None and e.size == 0]
+    jvm = spark.sparkContext._jvm
     # Other filesystems: Hadoop's recursive listing, one JVM call per file (slow for millions of files).
     path = jvm.org.apache.hadoop.fs.Path(input_uri)
     files = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(path, True)
@@ -215,25 +252,65 @@ def spark_path(local: str) -> str:
 
 
 def local_files(spark: SparkSession, folder: str, *, glob: str | None = None) -> DataFrame:
-    """(path, null content) for every entry `listing.walk_files` finds under the local `folder` (a folder it
-    could not list is one row, whose read fails in the task with the reason), in partitions packed as Spark's
-    file scan packs them."""
-    conf = spark._jsparkSession.sessionState().conf()
-    minimum = conf.filesMinPartitionNum()
-    partitions = pack_partitions(list(walk_files(folder, glob=glob)),
-                                 max_partition_bytes=int(conf.filesMaxPartitionBytes()),
-                                 open_cost_bytes=int(conf.filesOpenCostInBytes()),
-                                 min_partitions=int(minimum.get()) if minimum.isDefined()
-                                 else spark.sparkContext.defaultParallelism)
+    """(path, null content, size) for every entry `listing.walk_files` finds under the local `folder` (a folder it
+    could not list is one row, whose read fails in the task with the reason); see `listed_frame`."""
+    entries = [Entry(spark_path(e.path), e.size, e.error, e.mtime_ms) for e in walk_files(folder, glob=glob)]
+    return listed_frame(spark, entries)
+
+
+def listed_frame(spark: SparkSession, entries: list[Entry]) -> DataFrame:
+    """(path, null content, size) for listed `entries` (paths as the rows should spell them), one Spark partition
+    per group `listing.pack_partitions` makes, as Spark's file scan packs files; rows in packed order.
+
+    No `sparkContext` (Spark Connect has none) and no Python worker: a small table of the groups (one row each,
+    their paths and sizes as arrays) is broadcast onto `range(n)` in n partitions, so partition i holds group
+    i alone, and exploded there."""
+    partitions = pack_partitions(entries, **file_packing(spark))
     if not partitions:
-        return spark.createDataFrame([], IMAGE_ROW_SCHEMA)
-    rows = [[(spark_path(e.path), None) for e in partition] for partition in partitions]
-    # One partition per packed group: parallelize gives each of len(rows) slices one element.
-    return spark.createDataFrame(spark.sparkContext.parallelize(rows, len(rows)).flatMap(_rows), IMAGE_ROW_SCHEMA)
+        return spark.createDataFrame([], LISTED_ROW_SCHEMA)
+    groups = spark.createDataFrame([(i, [e.path for e in group], [e.size for e in group])
+                                    for i, group in enumerate(partitions)],
+                                   "part bigint, paths array<string>, sizes array<bigint>")
+    slots = spark.range(0, len(partitions), 1, numPartitions=len(partitions))
+    files = (slots.join(F.broadcast(groups), slots["id"] == groups["part"])
+             .select(F.explode(F.arrays_zip("paths", "sizes")).alias("file")))
+    return files.select(F.col("file.paths").alias("path"), F.lit(None).cast("binary").alias("content"),
+                        F.col("file.sizes").alias("size"))
 
 
-def _rows(partition: list[tuple]) -> list[tuple]:
-    return partition
+def file_packing(spark: SparkSession) -> dict:
+    """pack_partitions' settings from the session's conf, as Spark's file scan reads them (Connect-safe)."""
+    minimum = spark.conf.get("spark.sql.files.minPartitionNum", None)
+    return {"max_partition_bytes": byte_size(spark.conf.get("spark.sql.files.maxPartitionBytes")),
+            "open_cost_bytes": byte_size(spark.conf.get("spark.sql.files.openCostInBytes")),
+            "min_partitions": int(minimum) if minimum else default_parallelism(spark)}
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
+
+
+def byte_size(text: str) -> int:
+    """A Spark size setting in bytes: `134217728`, `134217728b`, `128m`, `128MB`, `4k`.
+
+    >>> byte_size("128MB"), byte_size("4194304b"), byte_size("1g")
+    (134217728, 4194304, 1073741824)
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
+    if match is None or match.group(2).lower() not in _BYTE_UNITS:
+        raise ConfigError(f"{text!r} is not a size in bytes (e.g. 128m)")
+    return int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
+
+
+def default_parallelism(spark: SparkSession) -> int:
+    """Spark's default parallelism: the context's on a classic session; on Spark Connect `spark.default.parallelism`
+    when set, else the partitions of a range Spark splits by its default (one tiny job, no Python)."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        return int(configured)
+    return spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).first()["p"] + 1
 
 
 # ---- tables -----------------------------------------------------------------------------------------------

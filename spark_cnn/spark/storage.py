@@ -1,15 +1,27 @@
-"""Paths as Spark sees them, and the few filesystem operations the jobs need, through Hadoop's FileSystem.
+"""Paths as Spark sees them, and the few filesystem operations the jobs need (exists, delete, rename, small text
+files, a folder's names, qualified paths), in two interchangeable classes:
 
-Going through Hadoop (not `os`) keeps the jobs correct for any URI Spark can read: file:, hdfs:, s3a:, ...
+- `HadoopFS`, through the JVM's Hadoop FileSystem: on a classic session the jobs use it for every path they write,
+  so the checks and the publishing rename see exactly the filesystems Spark's writer sees (file:, hdfs:, s3a:
+  with the hadoop-aws package, dbfs:, ...).
+- `ArrowFS`, through `pyarrow.fs`: no JVM and no session, so it serves Spark Connect (where the client has no
+  JVM to call) and any process; it knows local paths and what `task/object_store.py` serves (s3, s3a, gs, abfs,
+  az, hdfs).
+
+`job_filesystem(spark)` picks: HadoopFS on classic sessions, ArrowFS on Spark Connect.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
+
+from spark_cnn.errors import InputError
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, filesystem, is_store_uri, scheme_of, storage_error
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 
@@ -36,7 +48,18 @@ class HadoopFS:
 
     def _fs_path(self, uri: str):
         path = self._jvm.org.apache.hadoop.fs.Path(uri)
-        return path.getFileSystem(self._conf), path
+        try:
+            return path.getFileSystem(self._conf), path
+        except Exception as e:  # py4j's error: without a connector, one line instead of the JVM's trace
+            if not _missing_filesystem(e):
+                raise
+            raise InputError(missing_filesystem_error(uri, self._hadoop_version())) from None
+
+    def _hadoop_version(self) -> str | None:
+        try:
+            return str(self._jvm.org.apache.hadoop.util.VersionInfo.getVersion())
+        except Exception:
+            return None
 
     def exists(self, uri: str) -> bool:
         fs, path = self._fs_path(uri)
@@ -81,3 +104,134 @@ class HadoopFS:
         """`uri` as its filesystem names it: the default scheme and authority filled in, `.` and `..` resolved."""
         fs, path = self._fs_path(uri)
         return str(fs.makeQualified(path).toString())
+
+
+# What Hadoop says when no FileSystem class serves a scheme: none is configured (gs:, abfs: without their
+# connector), or the configured one is not on the classpath (s3a: without hadoop-aws).
+_MISSING_FS = ("UnsupportedFileSystemException", "No FileSystem for scheme", "ClassNotFoundException")
+
+
+def _missing_filesystem(error: Exception) -> bool:
+    text = str(error)
+    return any(marker in text for marker in _MISSING_FS)
+
+
+# The Hadoop connector each scheme needs on the JVM's classpath (Maven coordinates; VERSION = Spark's Hadoop).
+CONNECTORS = {"s3a": "org.apache.hadoop:hadoop-aws:VERSION", "s3n": "org.apache.hadoop:hadoop-aws:VERSION",
+              "abfs": "org.apache.hadoop:hadoop-azure:VERSION", "abfss": "org.apache.hadoop:hadoop-azure:VERSION",
+              "wasb": "org.apache.hadoop:hadoop-azure:VERSION", "wasbs": "org.apache.hadoop:hadoop-azure:VERSION",
+              "gs": "com.google.cloud.bigdataoss:gcs-connector:hadoop3-2.2.x (shaded)"}
+
+
+def missing_filesystem_error(uri: str, hadoop_version: str | None) -> str:
+    """One line for a path Spark's JVM has no filesystem for: which package to add."""
+    scheme = scheme_of(uri) or "file"
+    package = CONNECTORS.get(scheme)
+    if package is None:
+        return f"{uri}: Spark has no Hadoop filesystem for {scheme}:// paths; add the connector that serves them"
+    package = package.replace("VERSION", hadoop_version or "<Spark's Hadoop version>")
+    return (f"{uri}: Spark has no Hadoop filesystem for {scheme}:// paths; add its connector to the cluster, e.g. "
+            f"spark-submit --packages {package} (or spark.jars.packages)")
+
+
+def is_connect(spark) -> bool:
+    """Whether `spark` is a Spark Connect session (no JVM on this side: no sparkContext, no py4j)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def job_filesystem(spark, storage: StorageOptions = NO_STORAGE):
+    """The filesystem a job checks and publishes its output with: HadoopFS on a classic session (the writer's own
+    filesystems and connectors, s3a:// included), ArrowFS on Spark Connect (`storage`: the object-store options)."""
+    return ArrowFS(storage) if is_connect(spark) else HadoopFS(spark)
+
+
+class ArrowFS:
+    """HadoopFS's operations through `pyarrow.fs`, on local paths (file: URIs or plain paths) and on the stores
+    `task/object_store.py` serves; usable without a SparkSession. A store's failure is one InputError line.
+
+    Object stores have no rename: a folder is copied, then the source deleted (not atomic; Spark's own commit to
+    S3 is not either)."""
+
+    def __init__(self, storage: StorageOptions = NO_STORAGE):
+        self.storage = storage
+
+    def _fs_path(self, uri: str):
+        local = local_path(uri) if scheme_of(uri) else os.path.abspath(os.path.expanduser(uri))
+        if local is not None:
+            from pyarrow.fs import LocalFileSystem
+            return LocalFileSystem(), posixpath.normpath(local)
+        if not is_store_uri(uri):
+            raise InputError(f"{uri}: no filesystem here serves {scheme_of(uri)}:// paths (without a JVM: local "
+                             "paths, s3, s3a, gs, abfs, az, hdfs)")
+        return filesystem(uri, self.storage)
+
+    def _info(self, uri: str):
+        fs, path = self._fs_path(uri)
+        try:
+            return fs, path, fs.get_file_info(path)
+        except OSError as e:
+            raise InputError(storage_error(uri, e)) from e
+
+    def exists(self, uri: str) -> bool:
+        from pyarrow.fs import FileType
+        return self._info(uri)[2].type != FileType.NotFound
+
+    def delete(self, uri: str) -> None:
+        from pyarrow.fs import FileType
+        fs, path, info = self._info(uri)
+        if info.type == FileType.Directory:
+            fs.delete_dir(path)
+        elif info.type != FileType.NotFound:
+            fs.delete_file(path)
+
+    def rename(self, source: str, target: str) -> None:
+        from pyarrow.fs import FileType, copy_files
+        fs, src, info = self._info(source)
+        _, dst = self._fs_path(target)
+        if info.type == FileType.NotFound:
+            raise OSError(f"could not rename {source} to {target}: {source} does not exist")
+        try:
+            fs.move(src, dst)
+            return
+        except OSError:
+            if info.type != FileType.Directory or not is_store_uri(source):
+                raise OSError(f"could not rename {source} to {target}") from None
+        copy_files(src, dst, source_filesystem=fs, destination_filesystem=fs)  # a store's "folder": copy, delete
+        fs.delete_dir(src)
+
+    def write_text(self, uri: str, text: str) -> None:
+        fs, path = self._fs_path(uri)
+        if not is_store_uri(uri):
+            fs.create_dir(posixpath.dirname(path), recursive=True)  # as Hadoop's create makes missing parents
+        with fs.open_output_stream(path) as stream:
+            stream.write(text.encode("utf-8"))
+
+    def read_text(self, uri: str) -> str:
+        return self.read_bytes(uri).decode("utf-8")
+
+    def read_bytes(self, uri: str) -> bytes:
+        fs, path = self._fs_path(uri)
+        try:
+            with fs.open_input_stream(path) as stream:
+                return stream.read()
+        except OSError as e:
+            raise InputError(storage_error(uri, e)) from e
+
+    def list_names(self, uri: str) -> list[str]:
+        """Names of the entries directly inside a folder ([] when it does not exist)."""
+        from pyarrow.fs import FileSelector
+        fs, path = self._fs_path(uri)
+        try:
+            infos = fs.get_file_info(FileSelector(path, allow_not_found=True))
+        except OSError as e:
+            raise InputError(storage_error(uri, e)) from e
+        return [info.base_name for info in infos]
+
+    def qualify(self, uri: str) -> str:
+        """`uri` with `.` and `..` resolved, local paths as Hadoop spells them (`file:/a/b`)."""
+        if scheme_of(uri) is None or local_path(uri) is not None:
+            return "file:" + self._fs_path(uri)[1]
+        scheme, rest = uri.split("://", 1)
+        authority, _, key = rest.partition("/")
+        key = posixpath.normpath("/" + key).lstrip("/")
+        return f"{scheme}://{authority}/{key}" if key else f"{scheme}://{authority}"

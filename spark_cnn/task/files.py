@@ -1,12 +1,26 @@
-"""Image files a task reads itself: Spark listed them (encoding LOCAL_FILES) but did not read their bytes."""
+"""Image files a task reads itself: the driver listed them (encoding LOCAL_FILES) but did not read their bytes.
+
+Local (or shared-mount) files are read with `open`; objects in S3, GCS, Azure or HDFS through `pyarrow.fs`
+(`object_store.py`), with the options the driver shipped in the plan. A size from the listing refuses an
+object over --max-file-bytes without a request; `prefetched` keeps several reads in flight, since an object
+store's latency per request, not its bandwidth, bounds one reader of small images.
+"""
 
 from __future__ import annotations
 
 import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from spark_cnn.errors import ImageError
-from spark_cnn.imaging.decode import read_image_file
+from spark_cnn.errors import ImageError, InputError
+from spark_cnn.imaging.decode import check_file_size, check_size, read_image_file
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, filesystem, is_store_uri, storage_error
+
+# Object reads in flight per task: a GET of a small image takes ~20-50 ms, mostly waiting; 16 keep a task's
+# decoding (~5-10 ms an image on one core) fed without holding more than 16 images' bytes.
+STORE_READS_IN_FLIGHT = 16
 
 
 def listed_local_path(path: str) -> str | None:
@@ -23,11 +37,16 @@ def listed_local_path(path: str) -> str | None:
     return rest or None
 
 
-def read_listed_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes:
-    """In a task: the bytes of a file Spark listed (sources.LOCAL_FILES), under the guard rails of `options`;
-    any failure is an ImageError, which costs the row only."""
+def read_listed_file(path: str, options: DecodeOptions = DEFAULT_DECODE, *, storage: StorageOptions = NO_STORAGE,
+                     size: int | None = None) -> bytes:
+    """In a task: the bytes of a file the driver listed (sources.LOCAL_FILES), under the guard rails of `options`;
+    any failure is an ImageError, which costs the row only. `size`: the listing's, checked before any read."""
+    if size is not None and size > 0:
+        check_size(size, options)
     local = listed_local_path(path)
     if local is None:
+        if is_store_uri(path):
+            return read_store_object(path, options, storage)
         raise ImageError(f"not a local file: {path} (files on other filesystems are read by Spark)")
     try:
         return read_image_file(local, options)
@@ -45,3 +64,36 @@ def unlisted_folder_error(folder: str) -> str:
         return (f"cannot list folder ({type(e).__name__}: {e.strerror or e}): its images were not read; make it "
                 "readable and run the job again")
     return "could not list this folder when the job started (it lists now): run the job again to read its images"
+
+
+def read_store_object(uri: str, options: DecodeOptions = DEFAULT_DECODE,
+                      storage: StorageOptions = NO_STORAGE) -> bytes:
+    """The bytes of one object (s3://, gs://, abfs://, hdfs://...), its size checked before its body is read."""
+    try:
+        fs, path = filesystem(uri, storage)
+        with fs.open_input_file(path) as f:
+            check_size(f.size(), options)
+            data = f.read()
+    except InputError as e:  # the store cannot be opened at all here: still this row's error
+        raise ImageError(str(e)) from None
+    except OSError as e:
+        raise ImageError(f"cannot read object: {storage_error(uri, e)}") from None
+    check_file_size(data, options)
+    return data
+
+
+def prefetched(read: Callable[[int], bytes], rows: Iterable[int], *, in_flight: int = STORE_READS_IN_FLIGHT
+               ) -> Iterator[tuple[int, Callable[[], bytes]]]:
+    """(row, result) for each row in order, `read(row)` running up to `in_flight` rows ahead on threads;
+    `result()` returns the bytes or raises what `read` raised (an ImageError stays that row's)."""
+    rows = iter(rows)
+    with ThreadPoolExecutor(max_workers=in_flight, thread_name_prefix="spark_cnn-read") as pool:
+        pending: deque[tuple[int, Future]] = deque()
+        for row in rows:
+            pending.append((row, pool.submit(read, row)))
+            if len(pending) >= in_flight:
+                done_row, future = pending.popleft()
+                yield done_row, future.result
+        while pending:
+            done_row, future = pending.popleft()
+            yield done_row, future.result

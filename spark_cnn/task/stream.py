@@ -11,6 +11,7 @@ input) is a row's error; a model, device or sidecar fault (client.SidecarFault) 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -37,8 +38,9 @@ from spark_cnn.task.client import (
     sidecar_key,
 )
 from spark_cnn.task.failover import FailoverClient
-from spark_cnn.task.files import read_listed_file
+from spark_cnn.task.files import prefetched, read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, is_store_uri
 from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
 from spark_cnn.task.schema import ERROR, class_names, failed_rows, output_schema, place_rows, reply_schema
 
@@ -63,6 +65,7 @@ class InferencePlan:
     request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs (see failover.py)
     encoding: str = ENCODED  # how input `content` holds images (formats.pixels); decoded pixels skip decoding
     carry: tuple[str, ...] = ()  # input columns copied to the output unchanged (e.g. true_label)
+    storage: StorageOptions = NO_STORAGE  # how tasks open the object store the driver listed (LOCAL_FILES)
 
 
 def _as_given(name: str) -> str:
@@ -259,9 +262,10 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
         images: list = []
         failed: list[int] = []
         errors: list[str] = []
+        reads = _listed_reads(plan, paths, batch) if read_here else None
         for i, path in enumerate(paths):
             try:
-                data = read_listed_file(path, decode_options) if read_here else contents[i].as_py()
+                data = next(reads)[1]() if read_here else contents[i].as_py()
                 if data is None:  # a table row without an image: still one output row
                     raise ImageError(NULL_IMAGE)
                 if structs:
@@ -289,6 +293,21 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
         if failed:
             state.replies.append((failed, failed_rows(errors, _reply_schema(plan))))
         yield (state, None), None
+
+
+def _listed_reads(plan: InferencePlan, paths: list[str], batch: pa.RecordBatch | None):
+    """(row, result) per row of a batch of listed files, in order: objects fetched several at a time, ahead of
+    decoding; local files read when their turn comes. A `size` column (the driver's listing) refuses files over
+    --max-file-bytes before any read."""
+    sizes = batch.column("size").to_pylist() if batch is not None and "size" in batch.schema.names else None
+
+    def read(i: int) -> bytes:
+        return read_listed_file(paths[i], plan.decode_options, storage=plan.storage,
+                                size=sizes[i] if sizes is not None else None)
+
+    if paths and is_store_uri(paths[0]):
+        return prefetched(read, range(len(paths)))
+    return ((i, functools.partial(read, i)) for i in range(len(paths)))
 
 
 def _with_task_device(launch: LaunchOptions, gpu_addresses: Sequence[str]) -> LaunchOptions:

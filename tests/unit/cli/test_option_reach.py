@@ -35,7 +35,7 @@ def driver(what: str) -> tuple[str, str]:
 SAMPLES = {
     "input_format": ["--input-format", "images"], "glob": ["--glob", "*.png"],
     "image_column": ["--image-column", "img"], "path_column": ["--path-column", "key"],
-    "label_column": ["--label-column", "cls"],
+    "label_column": ["--label-column", "cls"], "storage_options": ["--storage-option", "region=eu-west-1"],
     "model": ["--model", "mobilenet_v3_small"], "weights": ["--weights", "{weights}"],
     "labels": ["--labels", "{labels}"], "top_k": ["--top-k", "2"], "layer": ["--layer", "features"],
     "resize": ["--resize", "40"], "crop": ["--crop", "30"],
@@ -57,6 +57,7 @@ PATHS = driver("INPUT and OUTPUT: where the driver reads and writes (check_paths
 INFERENCE = {
     "input": PATHS, "output": PATHS,
     "input_format": READER, "glob": READER, "image_column": READER, "path_column": READER, "label_column": READER,
+    "storage_options": READER,  # the driver's listing; the tasks get it from the listed source (planning)
     "model": SIDECAR, "weights": SIDECAR, "top_k": SIDECAR, "layer": SIDECAR, "logits": SIDECAR,
     "embeddings": SIDECAR, "resize": SIDECAR, "crop": SIDECAR, "interpolation": SIDECAR, "mean": SIDECAR,
     "std": SIDECAR,
@@ -82,7 +83,7 @@ JOBS = {
     "to-petastorm": {
         "input": PATHS, "output": PATHS,
         "input_format": READER, "glob": READER, "image_column": READER, "path_column": READER,
-        "label_column": READER,
+        "label_column": READER, "storage_options": READER,
         "codec": TASK, "jpeg_quality": TASK, "on_error": TASK, "max_pixels": TASK, "max_file_bytes": TASK,
         "row_group_mb": driver("the driver's Parquet writer (parquet.block.size)"),
         "master": INFERENCE["master"], "overwrite": INFERENCE["overwrite"], "quiet": INFERENCE["quiet"]},

@@ -49,7 +49,9 @@ def test_guard_rails_and_unreadable_files_become_image_errors(tmp_path):
     with pytest.raises(ImageError, match="cannot read file: FileNotFoundError"):
         read_listed_file("file:" + str(tmp_path / "gone.jpg"))
     with pytest.raises(ImageError, match="not a local file"):
-        read_listed_file("hdfs://nn/a.jpg")
+        read_listed_file("wasbs://container@account/a.jpg")
+    with pytest.raises(ImageError, match="file too large: 2048 bytes"):  # the listed size: refused unread
+        read_listed_file("s3://bucket/a.jpg", DecodeOptions(max_file_bytes=1024), size=2048)
     if os.geteuid() != 0:  # root reads files whatever their mode
         locked = tmp_path / "locked.jpg"
         locked.write_bytes(b"x")
