@@ -21,7 +21,8 @@ from spark_cnn.spark.planning import check_model, read_labels, start_inference  
 from spark_cnn.spark.session import application_id
 from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
-from spark_cnn.spark.storage import HadoopFS, to_uri
+from spark_cnn.spark.storage import job_filesystem, to_uri
+from spark_cnn.task.object_store import StorageOptions
 from spark_cnn.task.schema import EMBED_COLUMNS, output_schema
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
@@ -53,7 +54,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
     labels = model.labels
 
     with job_session(spark, master=config.master, remote=config.remote, quiet=config.quiet) as spark:
-        fs = HadoopFS(spark)
+        fs = job_filesystem(spark, StorageOptions.parse(config.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)
         _check_partition_column(config.partition_by, source)

@@ -36,7 +36,8 @@ from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.spark.session import application_id
 from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
-from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
+from spark_cnn.spark.storage import HadoopFS, job_filesystem, local_path, to_uri
+from spark_cnn.task.object_store import StorageOptions
 from spark_cnn.task.schema import output_schema, spark_ddl
 from spark_cnn.task.stream import InferencePlan
 
@@ -60,7 +61,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
 
     with job_session(spark, master=job.master, remote=job.remote, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
         app_id = application_id(spark)
-        fs = HadoopFS(spark)
+        fs = job_filesystem(spark, StorageOptions.parse(job.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
         started = time.perf_counter()
         log = EtlLog(fs, checkpoint_uri)
