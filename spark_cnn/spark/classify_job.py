@@ -48,7 +48,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
             columns: tuple[str, ...] | None = None) -> dict:
     """Images in, one Parquet row per image out (all classify columns, or `columns`), summary beside it."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
-    check_local_paths(input_uri, output_uri, config.overwrite)
+    check_local_paths(input_uri, output_uri, config.overwrite, storage_options=config.inputs.storage_options)
     options = config.inference
     model = check_model(options)
     labels = model.labels

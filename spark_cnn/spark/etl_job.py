@@ -37,7 +37,7 @@ from spark_cnn.spark.session import application_id
 from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
 from spark_cnn.spark.storage import HadoopFS, job_filesystem, local_path, to_uri
-from spark_cnn.task.object_store import StorageOptions
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
 from spark_cnn.task.schema import output_schema, spark_ddl
 from spark_cnn.task.stream import InferencePlan
 
@@ -53,8 +53,13 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
     job = config.classify
     options = job.inference
     input_uri, output_uri, checkpoint_uri = to_uri(job.input), to_uri(job.output), to_uri(config.checkpoint)
-    check_local_paths(input_uri, output_uri, True, checkpoint_uri=checkpoint_uri)  # appends: OUTPUT may exist
+    check_local_paths(input_uri, output_uri, True, checkpoint_uri=checkpoint_uri,  # appends: OUTPUT may exist
+                      storage_options=job.inputs.storage_options)
     input_path = local_path(input_uri)
+    storage = None  # an object store the driver lists and the tasks read (pyarrow.fs)
+    if is_store_uri(input_uri):
+        resolved = for_tasks(input_uri, StorageOptions.parse(job.inputs.storage_options))
+        storage = resolved if serves(input_uri, resolved) else None
     if input_path is not None and not os.path.isdir(input_path):
         raise InputError(f"input {input_path} is not a folder: the ETL job watches a folder for new images")
     model = check_model(options)  # as the classify job: in a child process, before Spark starts
@@ -65,11 +70,12 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
         started = time.perf_counter()
         log = EtlLog(fs, checkpoint_uri)
-        in_tasks = input_path is not None
-        # The frame's contents do not matter to planning: only the encoding (and no labels, as before).
+        in_tasks = input_path is not None or storage is not None
+        # The frame's contents do not matter to planning: only the encoding and storage (no labels, as before).
         encoding = LOCAL_FILES if in_tasks else ENCODED
         plan = start_inference(spark, options, model,
-                               source=ImageSource(spark.createDataFrame([], IMAGE_ROW_SCHEMA), "images", encoding))
+                               source=ImageSource(spark.createDataFrame([], IMAGE_ROW_SCHEMA), "images", encoding,
+                                                  storage=storage or NO_STORAGE))
         stats = JobSidecarStats(spark, plan.job_id)
         writer = MicroBatchWriter(spark, fs, plan, stats, output_uri, in_tasks=in_tasks)
 
@@ -78,7 +84,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
             writer.write(*pending)
             log.commit(pending[0])
         log.compact()
-        ready, waiting = settled(list_input(spark, input_uri, job.inputs.glob), log.taken, log.waiting(),
+        ready, waiting = settled(list_input(spark, input_uri, job.inputs.glob, storage), log.taken, log.waiting(),
                                  int(time.time() * 1000), int(config.settle_s * 1000))
         log.set_waiting(waiting)
         for start in range(0, len(ready), config.max_files_per_trigger):

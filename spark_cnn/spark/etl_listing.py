@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from spark_cnn.spark.listing import is_hidden, matches_glob, walk_files
+from spark_cnn.spark.listing import is_hidden, list_objects, matches_glob, walk_files
 from spark_cnn.spark.storage import local_path
+from spark_cnn.task.object_store import StorageOptions
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,15 @@ class ListedFile:
     mtime_ms: int
 
 
-def list_input(spark: SparkSession, input_uri: str, glob: str | None) -> list[ListedFile]:
-    """Every visible file under `input_uri`, recursively (Spark's hidden-name rule; names matching `glob`)."""
+def list_input(spark: SparkSession, input_uri: str, glob: str | None,
+               storage: StorageOptions | None = None) -> list[ListedFile]:
+    """Every visible file under `input_uri`, recursively (Spark's hidden-name rule; names matching `glob`).
+    `storage`: the input is an object store read through pyarrow.fs (one paginated listing)."""
     local = local_path(input_uri)
     if local is not None:
         return list_local(local, glob)
+    if storage is not None:
+        return [ListedFile(e.path, e.size, e.mtime_ms) for e in list_objects(input_uri, storage, glob=glob)]
     jvm = spark.sparkContext._jvm
     root = jvm.org.apache.hadoop.fs.Path(input_uri)
     files = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(root, True)

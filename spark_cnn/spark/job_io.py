@@ -29,10 +29,12 @@ from spark_cnn.errors import (
     SidecarLost,
     SparkCnnError,
 )
+from spark_cnn.spark.listing import check_store_input
 from spark_cnn.spark.locations import check_checkpoint_location, check_output_location
 from spark_cnn.spark.session import application_id, owns_executors, spark_session
-from spark_cnn.spark.storage import HadoopFS, local_path
+from spark_cnn.spark.storage import ArrowFS, HadoopFS, local_path
 from spark_cnn.task.launcher import stop_sidecars
+from spark_cnn.task.object_store import StorageOptions, for_tasks, is_store_uri, serves
 
 _log = logging.getLogger(__name__)
 _TASK_ERROR = re.compile(r"spark_cnn\.errors\.(\w+): (.+)")
@@ -41,9 +43,10 @@ _ERROR_TYPES = {cls.__name__: cls for cls in (ConfigError, ImageError, InputErro
 
 
 def check_local_paths(input_uri: str, output_uri: str | None, overwrite: bool, *,
-                      checkpoint_uri: str | None = None) -> None:
+                      checkpoint_uri: str | None = None, storage_options=()) -> None:
     """Fail fast, before Spark starts: where the output (and an ETL checkpoint) may go, on any filesystem; that
-    local paths exist or not as needed (remote ones are checked once the session is up)."""
+    local paths exist or not as needed, and an object-store input (read through pyarrow.fs with
+    `storage_options`) is there; Hadoop's filesystems are checked once the session is up."""
     if output_uri is not None:
         check_output_location(input_uri, output_uri)
     if checkpoint_uri is not None:
@@ -51,6 +54,10 @@ def check_local_paths(input_uri: str, output_uri: str | None, overwrite: bool, *
     input_path = local_path(input_uri)
     if input_path is not None and not os.path.exists(input_path):
         raise InputError(f"input {input_path} does not exist")
+    if is_store_uri(input_uri):
+        storage = for_tasks(input_uri, StorageOptions.parse(storage_options))
+        if serves(input_uri, storage):
+            check_store_input(input_uri, storage)
     output_path = local_path(output_uri) if output_uri is not None else None
     if output_path is not None and os.path.exists(output_path) and not overwrite:
         raise InputError(f"output {output_path} already exists; use --overwrite to replace it")
@@ -60,13 +67,14 @@ def check_paths(fs: HadoopFS, input_uri: str, output_uri: str | None, overwrite:
                 output_name: str | None = None, checkpoint_uri: str | None = None) -> None:
     """The same checks on any filesystem, through Hadoop (paths as its FileSystem qualifies them); `*_name` is
     how the user wrote each path. An old output left aside by a killed publish is restored or removed first."""
-    qualified_input = fs.qualify(input_uri)
+    in_store = is_store_uri(input_uri) and not isinstance(fs, ArrowFS) and serves(input_uri)
+    qualified_input = ArrowFS().qualify(input_uri) if in_store else fs.qualify(input_uri)
     if output_uri is not None:
         check_output_location(qualified_input, fs.qualify(output_uri))
     if checkpoint_uri is not None:
         check_checkpoint_location(qualified_input, fs.qualify(checkpoint_uri),
                                   fs.qualify(output_uri) if output_uri is not None else None)
-    if not fs.exists(input_uri):
+    if not in_store and not fs.exists(input_uri):  # a store input was checked before the session started
         raise InputError(f"input {input_name} does not exist")
     if output_uri is None:
         return

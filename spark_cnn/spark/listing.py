@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from spark_cnn.errors import InputError
-from spark_cnn.task.object_store import StorageOptions, filesystem, join_uri, storage_error
+from spark_cnn.task.object_store import StorageOptions, filesystem, join_uri, split_uri, storage_error
 
 _scandir = os.scandir  # module attribute, so a test can make one folder fail as an unreadable one does
 
@@ -175,3 +175,21 @@ def list_objects(uri: str, options: StorageOptions, *, glob: str | None = None) 
     except OSError as e:
         raise InputError(storage_error(uri, e) if not isinstance(e, FileNotFoundError)
                          else f"input {uri} does not exist") from e
+
+
+def check_store_input(uri: str, options: StorageOptions) -> None:
+    """Before Spark starts: `uri` is there on its store (one or two metadata requests). A missing bucket, an
+    endpoint that does not answer, refused credentials, or nothing at `uri`: one InputError line."""
+    from pyarrow.fs import FileType
+
+    fs, path = filesystem(uri, options)
+    store = split_uri(uri)[0]
+    try:
+        if fs.get_file_info(path).type != FileType.NotFound:
+            return
+        bucket = path.partition("/")[0]
+        if store != "hdfs" and bucket != path and fs.get_file_info(bucket).type == FileType.NotFound:
+            raise InputError(storage_error(uri, OSError("NoSuchBucket: the bucket does not exist")))
+    except OSError as e:
+        raise InputError(storage_error(uri, e)) from e
+    raise InputError(f"input {uri} does not exist")

@@ -90,7 +90,7 @@ def petastorm_encoder(config: PetastormConfig, source: ImageSource | None) -> Pe
 def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) -> dict:
     """Write the images of `config.input` as a Petastorm dataset at `config.output`; returns a summary."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
-    check_local_paths(input_uri, output_uri, config.overwrite)
+    check_local_paths(input_uri, output_uri, config.overwrite, storage_options=config.inputs.storage_options)
     with job_session(spark, master=config.master, quiet=config.quiet) as spark:
         fs = HadoopFS(spark)
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)

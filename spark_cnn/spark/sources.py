@@ -32,7 +32,7 @@ from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
 from spark_cnn.spark.listing import Entry, is_hidden, list_objects, matches_glob, pack_partitions, walk_files
 from spark_cnn.spark.storage import ArrowFS, is_connect, local_path
-from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri
+from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
 
 IMAGE_ROW_SCHEMA = "path string, content binary"
 # Files the driver listed: no content (the tasks read `path`), and the listed size, checked before reading.
@@ -68,7 +68,8 @@ def open_source(spark: SparkSession, input_uri: str, options: InputOptions | Non
     listed = None
     if is_store_uri(input_uri):  # listed once here (bad bucket, endpoint, credentials: one line, no Spark job)
         storage = for_tasks(input_uri, StorageOptions.parse(options.storage_options))
-        listed = list_objects(input_uri, storage, glob=None)
+        if serves(input_uri, storage) or is_connect(spark):
+            listed = list_objects(input_uri, storage, glob=None)
     fmt = options.format if options.format != "auto" else detect_format(spark, input_uri, storage=storage,
                                                                           listed=listed)
     if fmt in ("parquet", "petastorm") and options.glob is not None:
@@ -134,7 +135,7 @@ def _read_small_file(spark: SparkSession, uri: str, storage: StorageOptions = NO
             return None
         with open(local, "rb") as f:
             return f.read()
-    if is_store_uri(uri) or is_connect(spark):
+    if serves(uri, storage) or is_connect(spark):
         fs = ArrowFS(storage)
         if not fs.exists(uri):
             return None

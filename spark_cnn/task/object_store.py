@@ -48,6 +48,10 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
+class StoreUnavailable(InputError):
+    """This process cannot load a store's client at all (HDFS without libhdfs and a JVM)."""
+
+
 @dataclass(frozen=True)
 class StorageOptions:
     """KEY=VALUE options for the stores, as given (text), sorted by key; hashable, so it keys the filesystem cache.
@@ -117,6 +121,20 @@ def scheme_of(uri: str) -> str | None:
 def is_store_uri(uri: str) -> bool:
     """Whether `uri` names an object store or HDFS that pyarrow serves (s3, s3a, gs, abfs, az, hdfs, ...)."""
     return scheme_of(uri) in STORES
+
+
+def serves(uri: str, options: StorageOptions = NO_STORAGE) -> bool:
+    """Whether this process reads `uri` through pyarrow.fs: a store it serves whose client loads here (HDFS needs
+    libhdfs and a JVM; without them a classic session's Spark reads hdfs:// as before)."""
+    if not is_store_uri(uri):
+        return False
+    try:
+        filesystem(uri, options)
+    except StoreUnavailable:
+        return False
+    except InputError:
+        return True  # it serves the scheme; the caller's use of it says what is wrong
+    return True
 
 
 def split_uri(uri: str) -> tuple[str, str, str]:
@@ -221,7 +239,8 @@ def _open(store: str, authority: str, options: StorageOptions, uri: str):
         host, _, port = authority.partition(":")
         return pafs.HadoopFileSystem(host or "default", int(port or 0), **values)
     except (OSError, ImportError, ValueError, TypeError) as e:
-        raise InputError(storage_error(uri, e)) from e
+        line = storage_error(uri, e)
+        raise (StoreUnavailable if _CLIENT_MISSING in line or isinstance(e, ImportError) else InputError)(line) from e
 
 
 def _typed(store: str, options: StorageOptions, uri: str) -> dict:
@@ -276,11 +295,14 @@ def storage_error(uri: str, error: BaseException) -> str:
                                 "expiredtoken", "invalid_access_key", "permission denied", "code: 403")):
         return f"{uri}: the store refused access ({_short(text)}); set {creds}"
     if "libhdfs" in lower or "classpath" in lower or "libjvm" in lower:
-        return (f"{uri}: pyarrow cannot load HDFS's client ({_short(text)}); set ARROW_LIBHDFS_DIR, JAVA_HOME and "
+        return (f"{uri}: {_CLIENT_MISSING} ({_short(text)}); set ARROW_LIBHDFS_DIR, JAVA_HOME and "
                 "CLASSPATH=$(hadoop classpath --glob)")
     if isinstance(error, FileNotFoundError):
         return f"{uri} does not exist"
     return f"{uri}: {_short(text)}"
+
+
+_CLIENT_MISSING = "pyarrow cannot load HDFS's client"
 
 
 def _short(text: str, limit: int = 200) -> str:

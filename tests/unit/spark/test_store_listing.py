@@ -86,3 +86,14 @@ def test_a_missing_hadoop_connector_names_the_package():
     line = missing_filesystem_error("s3a://bucket/out", "3.4.1")
     assert line == ("s3a://bucket/out: Spark has no Hadoop filesystem for s3a:// paths; add its connector to the "
                     "cluster, e.g. spark-submit --packages org.apache.hadoop:hadoop-aws:3.4.1 (or spark.jars.packages)")
+
+
+def test_the_tasks_plan_carries_the_storage_options_of_the_listed_source():
+    from spark_cnn.formats.encodings import LOCAL_FILES
+    from spark_cnn.spark.planning import plan_reading
+    from spark_cnn.spark.sources import ImageSource
+    from spark_cnn.task.object_store import StorageOptions
+
+    storage = StorageOptions.parse("endpoint=http://127.0.0.1:9000,region=us-east-1")
+    reading = plan_reading(ImageSource(None, "images", LOCAL_FILES, has_labels=True, storage=storage))
+    assert reading.storage == storage and reading.encoding == LOCAL_FILES
