@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
 
-from spark_cnn.config import check_remote
+from spark_cnn.config import REMOTE_ENV, check_remote
 
 # Image rows are large (a JPEG is ~100 KB): Spark's default of 10,000 rows per Arrow batch would put ~1 GB in
 # one batch. 64 rows keeps a batch near 6 MB and still amortises the per-batch cost; the byte bound catches
@@ -64,10 +64,12 @@ def spark_session(*, master: str | None = None, remote: str | None = None, app_n
         # A readable console: warnings and errors only. Applies when this process starts the driver JVM and
         # the user has no Spark conf dir of their own (whose spark-defaults would be overridden here).
         settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"
+    if (remote or os.environ.get(REMOTE_ENV) or "").startswith("sc://"):
+        # A server elsewhere has its own static settings (its workers' Python, its console, its JVM): a session
+        # sets only SQL settings there (pyspark would warn about each of the others).
+        settings = {key: value for key, value in settings.items() if key.startswith("spark.sql.")}
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
-    # On a Connect server started elsewhere, the static settings (the workers' Python, the console) are the
-    # server's: pyspark sets what a session may set and skips the rest.
     return builder.getOrCreate()
 
 

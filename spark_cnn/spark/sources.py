@@ -311,7 +311,9 @@ def default_parallelism(spark: SparkSession) -> int:
     configured = spark.conf.get("spark.default.parallelism", None)
     if configured:
         return int(configured)
-    return spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).first()["p"] + 1
+    # the partition ids projected first: an aggregate may not take a non-deterministic argument
+    ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+    return ids.agg(F.max("p").alias("p")).first()["p"] + 1
 
 
 # ---- tables -----------------------------------------------------------------------------------------------
