@@ -78,6 +78,7 @@ class ConnectServer:
 
     def group_processes(self) -> list[str]:
         """Processes still in the server's process group (the JVM, its Python workers and daemons)."""
+        self.proc.poll()  # reaps the server once it has exited, so its zombie does not count
         left = []
         for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
             try:

@@ -103,3 +103,37 @@ def test_notebook_api_on_connect_gives_the_classic_rows(connect_server, classic_
 
     # One executor (local[2]): one sidecar served the three queries' tasks; it idles until the server stops.
     assert len(sidecar_pids(result["app_id"])) == 1
+
+
+def test_jobs_on_connect_with_remote_and_spark_remote_write_the_classic_rows(connect_server, classic_rows,
+                                                                             mixed_folder, mobilenet_weights,
+                                                                             tmp_path):
+    import pyarrow.parquet as pq
+
+    model = ["--model", "mobilenet_v3_small", "--weights", mobilenet_weights, "--quiet"]
+    spark_cnn_bin = os.path.join(os.path.dirname(sys.executable), "spark-cnn")
+    classified, embedded = str(tmp_path / "classified"), str(tmp_path / "embedded")
+    _run([spark_cnn_bin, "classify", mixed_folder, classified, "--remote", connect_server.url, "--top-k", "3",
+          "--logits", *model])
+    _run([spark_cnn_bin, "embed", mixed_folder, embedded, *model],
+         env={**_client_env(), "SPARK_REMOTE": connect_server.url})  # as pyspark reads it
+
+    rows = {row["path"]: row for row in pq.read_table(classified).to_pylist()}
+    empty = {path for path in rows if path.endswith("empty.png")}  # the job keeps the 0-byte file binaryFile skips
+    assert set(rows) - empty == set(classic_rows) and len(empty) == 1 and rows[empty.pop()]["error"]
+    for path, classic in classic_rows.items():
+        _same_classification(rows[path], classic)
+    vectors = {row["path"]: row for row in pq.read_table(embedded).to_pylist()}
+    assert set(vectors) == set(rows)
+    for path, classic in classic_rows.items():
+        if classic["error"] is None:
+            np.testing.assert_allclose(vectors[path]["embedding"], classic["embedding"], **LOGITS_TOLERANCE)
+
+    # The summary's sidecars come from DataFrame.observe (no accumulators on Connect): the server's one sidecar.
+    with open(os.path.join(classified, "_summary.json")) as f:
+        summary = json.load(f)
+    assert summary["images"] == len(rows) and summary["errors"] == sum(r["error"] is not None for r in rows.values())
+    (sidecar,) = summary["sidecars"]
+    assert sidecar["images"] == summary["ok"] and sidecar["requests"] >= 1
+    connect_server.app_id = summary["app_id"]
+    assert sidecar_pids(summary["app_id"]) == [sidecar["pid"]]  # the job left it to its executor: shared server
