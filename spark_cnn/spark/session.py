@@ -8,6 +8,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
@@ -70,7 +71,11 @@ def spark_session(*, master: str | None = None, remote: str | None = None, app_n
         settings = {key: value for key, value in settings.items() if key.startswith("spark.sql.")}
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with warnings.catch_warnings():
+        # A local Connect server gets every setting when it starts; pyspark then sets them again on the session
+        # and warns about each static one ("Failed to set spark.pyspark.python ...").
+        warnings.filterwarnings("ignore", message="Failed to set spark\\.", category=UserWarning)
+        return builder.getOrCreate()
 
 
 def is_connect(spark: SparkSession) -> bool:
