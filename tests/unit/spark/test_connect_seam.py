@@ -80,4 +80,5 @@ def test_to_petastorm_refuses_spark_connect_before_a_session_starts(monkeypatch,
 
     monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1")  # nothing listens: a session would fail differently
     with pytest.raises(ConfigError, match="to-petastorm runs on a classic Spark session.*unset SPARK_REMOTE"):
-        to_petastorm(PetastormConfig(str(tmp_path), str(tmp_path / "out")))
+        (tmp_path / "in").mkdir()
+        to_petastorm(PetastormConfig(str(tmp_path / "in"), str(tmp_path / "out")))
