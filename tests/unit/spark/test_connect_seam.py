@@ -79,6 +79,6 @@ def test_to_petastorm_refuses_spark_connect_before_a_session_starts(monkeypatch,
     from spark_cnn.spark.petastorm_job import to_petastorm
 
     monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1")  # nothing listens: a session would fail differently
+    (tmp_path / "in").mkdir()
     with pytest.raises(ConfigError, match="to-petastorm runs on a classic Spark session.*unset SPARK_REMOTE"):
-        (tmp_path / "in").mkdir()
         to_petastorm(PetastormConfig(str(tmp_path / "in"), str(tmp_path / "out")))
