@@ -311,9 +311,9 @@ def default_parallelism(spark: SparkSession) -> int:
     configured = spark.conf.get("spark.default.parallelism", None)
     if configured:
         return int(configured)
-    # the partition ids projected first: an aggregate may not take a non-deterministic argument
-    ids = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
-    return ids.agg(F.max("p").alias("p")).first()["p"] + 1
+    # spark_partition_id is nondeterministic: Spark refuses it inside an aggregate, so it is projected first
+    parts = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p"))
+    return parts.agg(F.max("p").alias("p")).first()["p"] + 1
 
 
 # ---- tables -----------------------------------------------------------------------------------------------
@@ -347,7 +347,8 @@ def read_parquet_images(spark: SparkSession, input_uri: str, options: InputOptio
 
 def read_petastorm(spark: SparkSession, input_uri: str, options: InputOptions) -> ImageSource:
     """A Petastorm dataset: its Unischema (read safely) names the image field and how it is encoded."""
-    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA)
+    metadata = _read_small_file(spark, input_uri.rstrip("/") + "/" + petastorm.COMMON_METADATA,
+                                StorageOptions.parse(options.storage_options))
     if metadata is None:
         raise InputError(f"{input_uri} is not a petastorm dataset: it has no {petastorm.COMMON_METADATA} file")
     schema = petastorm.read_unischema(metadata, source=input_uri)

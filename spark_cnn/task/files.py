@@ -16,7 +16,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from spark_cnn.errors import ImageError, InputError
 from spark_cnn.imaging.decode import check_file_size, check_size, read_image_file
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
-from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, filesystem, is_store_uri, storage_error
+from spark_cnn.task.object_store import (
+    NO_STORAGE,
+    StorageOptions,
+    filesystem,
+    is_store_fault,
+    is_store_uri,
+    storage_error,
+)
 
 # Object reads in flight per task: a GET of a small image takes ~20-50 ms, mostly waiting; 16 keep a task's
 # decoding (~5-10 ms an image on one core) fed without holding more than 16 images' bytes.
@@ -68,15 +75,17 @@ def unlisted_folder_error(folder: str) -> str:
 
 def read_store_object(uri: str, options: DecodeOptions = DEFAULT_DECODE,
                       storage: StorageOptions = NO_STORAGE) -> bytes:
-    """The bytes of one object (s3://, gs://, abfs://, hdfs://...), its size checked before its body is read."""
+    """The bytes of one object (s3://, gs://, abfs://, hdfs://...), its size checked before its body is read.
+    The object's own failure (gone since the listing, access refused) is an ImageError, its row's; the store's
+    (no client here, no bucket, no endpoint) an InputError, which fails the task as a sidecar fault does."""
+    fs, path = filesystem(uri, storage)  # an InputError: this process cannot open the store at all
     try:
-        fs, path = filesystem(uri, storage)
         with fs.open_input_file(path) as f:
             check_size(f.size(), options)
             data = f.read()
-    except InputError as e:  # the store cannot be opened at all here: still this row's error
-        raise ImageError(str(e)) from None
     except OSError as e:
+        if is_store_fault(e):
+            raise InputError(storage_error(uri, e)) from None
         raise ImageError(f"cannot read object: {storage_error(uri, e)}") from None
     check_file_size(data, options)
     return data

@@ -52,7 +52,11 @@ class StoreUnavailable(InputError):
     """This process cannot load a store's client at all (HDFS without libhdfs and a JVM)."""
 
 
-@dataclass(frozen=True)
+# Options whose values are secrets: never shown in a repr (plans and options end up in logs and tracebacks).
+SECRET_KEYS = frozenset({"secret_key", "session_token", "account_key", "sas_token", "client_secret", "access_token"})
+
+
+@dataclass(frozen=True, repr=False)
 class StorageOptions:
     """KEY=VALUE options for the stores, as given (text), sorted by key; hashable, so it keys the filesystem cache.
 
@@ -93,6 +97,10 @@ class StorageOptions:
                     raise ConfigError(f"--storage-option {item}: expected KEY=VALUE, e.g. endpoint=http://host:9000")
                 pairs.append((key, value))
         return cls(tuple(pairs))
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={'***' if k in SECRET_KEYS else v}" for k, v in self.pairs)
+        return f"StorageOptions({shown})"
 
     def get(self, key: str, default: str | None = None) -> str | None:
         return dict(self.pairs).get(key, default)
@@ -273,6 +281,18 @@ def _endpoint(url: str) -> tuple[str, str]:
     return parsed.netloc, parsed.scheme
 
 
+_NO_BUCKET = ("no_such_bucket", "nosuchbucket", "bucket does not exist")
+_UNREACHABLE = ("network_connection", "couldn't connect", "could not connect", "could not resolve",
+                "connection refused", "timed out", "timeout was reached")
+
+
+def is_store_fault(error: BaseException) -> bool:
+    """Whether a read failed for the store, not for one object (no bucket, no endpoint): the task fails then, as
+    for a sidecar fault, rather than giving every row the same error."""
+    lower = str(error).lower()
+    return any(marker in lower for marker in _NO_BUCKET + _UNREACHABLE)
+
+
 def storage_error(uri: str, error: BaseException) -> str:
     """One line for a store's failure: what went wrong with `uri`, and what to set."""
     text = " ".join(str(error).split())
@@ -285,10 +305,9 @@ def storage_error(uri: str, error: BaseException) -> str:
              "hdfs": "a Kerberos ticket (--storage-option kerb_ticket=...) or user=..."}.get(STORES.get(scheme, ""), "")
     endpoint = ("AWS_ENDPOINT_URL or --storage-option endpoint=http://HOST:PORT" if STORES.get(scheme) == "s3"
                 else "--storage-option endpoint=URL")
-    if "no_such_bucket" in lower or "bucket does not exist" in lower or "nosuchbucket" in lower:
+    if any(marker in lower for marker in _NO_BUCKET):
         return f"{uri}: the bucket does not exist (check its name, and the endpoint: {endpoint})"
-    if any(s in lower for s in ("network_connection", "couldn't connect", "could not connect", "could not resolve",
-                                "connection refused", "timed out", "timeout was reached")):
+    if any(marker in lower for marker in _UNREACHABLE):
         return f"{uri}: cannot reach the storage endpoint ({_short(text)}); set {endpoint}"
     if any(s in lower for s in ("access_denied", "accessdenied", "access denied", "forbidden", "invalidaccesskeyid",
                                 "signaturedoesnotmatch", "no credentials", "credentials", "unauthorized",

@@ -7,11 +7,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.config import ClassifyConfig, InferenceOptions, InputOptions
+from spark_cnn.config import ClassifyConfig, EtlConfig, InferenceOptions, InputOptions
 from spark_cnn.errors import InputError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
+from spark_cnn.spark.etl_job import run_etl
 from spark_cnn.spark.storage import ArrowFS
 from spark_cnn.task.object_store import StorageOptions
 from tests.sample_images import broken_files, encode, real_image_files, sample_photo, write_files
@@ -85,6 +86,38 @@ def test_objects_are_listed_and_read_in_the_tasks_as_local_files_are(spark, demo
         {n: tuple(r[c] for c in columns) for n, r in listed.items()}
     assert (from_store["images"], from_store["errors"]) == (from_folder["images"], from_folder["errors"]) == \
         (len(files), 4)
+
+
+def test_the_etl_takes_each_object_once(spark, demo_assets, images, s3_endpoint, tmp_path):
+    files, _, limit = images
+    storage = {**KEYS, "endpoint": s3_endpoint, "region": "us-east-1"}
+    config = EtlConfig(ClassifyConfig(f"s3://{BUCKET}/in/photos", str(tmp_path / "out"),
+                                      InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights),
+                                                       max_file_bytes=limit),
+                                      InputOptions(glob="*.jpg", storage_options=storage), quiet=True),
+                       checkpoint=str(tmp_path / "checkpoint"), settle_s=0)
+    first = run_etl(config, spark=spark)
+    photos = {name for name in files if name.startswith("photos/") and name.endswith(".jpg")}
+    rows = _rows(str(tmp_path / "out"), f"s3://{BUCKET}/in")
+    assert set(rows) == photos and all(row["error"] is None for row in rows.values())
+    assert (first["images"], first["errors"]) == (len(photos), 0)
+    assert run_etl(config, spark=spark)["images"] == 0  # taken once
+
+
+def test_a_listing_becomes_one_partition_per_packed_group_in_order(spark):
+    from pyspark.sql import functions as F
+
+    from spark_cnn.spark.listing import Entry, pack_partitions
+    from spark_cnn.spark.sources import file_packing, listed_frame
+
+    entries = [Entry(f"s3://{BUCKET}/many/{i:05d}.jpg", 1_000 + (i * 7919) % 300_000) for i in range(3_000)]
+    groups = pack_partitions(entries, **file_packing(spark))
+    assert len(groups) > 2
+    frame = listed_frame(spark, entries)
+    rows = frame.select("path", "size", F.spark_partition_id().alias("part")).collect()
+    assert [(r.path, r.size) for r in rows] == [(e.path, e.size) for g in groups for e in g]
+    assert [r.part for r in rows] == [i for i, g in enumerate(groups) for _ in g]
+    assert frame.where("content is not null").count() == 0
 
 
 def _jobs_run(spark) -> int:

@@ -7,12 +7,13 @@ import pytest
 
 from spark_cnn.errors import ConfigError, ImageError, InputError
 from spark_cnn.task import object_store
-from spark_cnn.task.files import prefetched
+from spark_cnn.task.files import prefetched, read_listed_file
 from spark_cnn.task.object_store import (
     NO_STORAGE,
     StorageOptions,
     filesystem,
     for_tasks,
+    is_store_fault,
     is_store_uri,
     join_uri,
     split_uri,
@@ -26,6 +27,8 @@ def test_options_parse_from_flags_texts_and_mappings():
     assert StorageOptions.parse({"anonymous": True, "region": "eu-west-1"}).get("anonymous") == "true"
     assert StorageOptions.parse("sas_token=sv=2024&sig=a=b").get("sas_token") == "sv=2024&sig=a=b"  # '=' in values
     assert StorageOptions.parse(None) == NO_STORAGE and not NO_STORAGE
+    secret = StorageOptions.parse("access_key=AK,secret_key=hush")
+    assert repr(secret) == "StorageOptions(access_key=AK, secret_key=***)"
     with pytest.raises(ConfigError, match="--storage-option endpoint: expected KEY=VALUE"):
         StorageOptions.parse("endpoint")
     with pytest.raises(ConfigError, match="--storage-option regoin: unknown key; valid keys: .*region"):
@@ -115,3 +118,14 @@ def test_prefetched_reads_keep_their_order_and_their_own_errors():
         except ImageError as e:
             results.append((row, str(e)))
     assert results == [(i, bytes([i]) if i != 3 else "row 3 is broken") for i in range(40)]
+
+
+def test_a_store_that_cannot_be_reached_fails_the_task_not_the_row(monkeypatch):
+    monkeypatch.setattr(object_store, "_filesystems", {})
+    nowhere = StorageOptions.parse("endpoint=http://127.0.0.1:1,region=us-east-1,anonymous=true,connect_timeout=1")
+    with pytest.raises(InputError, match="s3://images/a.jpg: cannot reach the storage endpoint"):
+        read_listed_file("s3://images/a.jpg", storage=nowhere)
+    with pytest.raises(InputError, match="pyarrow cannot load HDFS's client"):
+        read_listed_file("hdfs://namenode:8020/a.jpg")
+    assert is_store_fault(OSError("AWS Error NO_SUCH_BUCKET during GetObject"))
+    assert not is_store_fault(FileNotFoundError("Path does not exist 'images/a.jpg'"))
