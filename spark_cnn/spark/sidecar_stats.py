@@ -8,6 +8,7 @@ anything is written. Either way the driver merges the snapshots with the same ru
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 
@@ -28,8 +29,10 @@ class JobSidecarStats:
     (before any select or write), `sidecars()` after the actions have run."""
 
     def __init__(self, spark: SparkSession, job_id: str):
-        self.in_output = is_connect(spark)
-        self._accumulator = None if self.in_output else spark.sparkContext.accumulator({}, SidecarStatsParam())
+        connect = is_connect(spark)
+        # Spark Connect clients before pyspark 4.0 have no Observation: their jobs list no sidecars.
+        self.in_output = connect and importlib.util.find_spec("pyspark.sql.connect.observation") is not None
+        self._accumulator = None if connect else spark.sparkContext.accumulator({}, SidecarStatsParam())
         self._job_id = job_id
         self._observations = []
         self._names = itertools.count()
