@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field
@@ -145,6 +146,23 @@ class InferenceOptions:
                           compile=self.compile)
 
 
+# How pyspark names a Spark Connect server: `sc://host:port[/;params]`, or `local[...]` for one it starts itself.
+REMOTE_PREFIXES = ("sc://", "local")
+REMOTE_ENV = "SPARK_REMOTE"  # pyspark's own: a session built while it is set is a Spark Connect session
+
+
+def check_remote(master: str | None, remote: str | None) -> None:
+    """`remote` must name a Spark Connect server, and a job has a master or a remote (given, or SPARK_REMOTE),
+    never both."""
+    if remote is not None and not remote.startswith(REMOTE_PREFIXES):
+        raise ConfigError(f"--remote {remote}: expected a Spark Connect URL, sc://HOST:PORT (or local[N] to start "
+                          "a local server)")
+    if master and (remote or os.environ.get(REMOTE_ENV)):
+        where = f"--remote {remote}" if remote else f"{REMOTE_ENV}={os.environ[REMOTE_ENV]}"
+        raise ConfigError(f"--master {master} and {where}: a Spark Connect server has its own master; give one "
+                          "of them")
+
+
 def check_on_error(on_error: str) -> None:
     if on_error not in ON_ERROR_CHOICES:
         raise ConfigError(f"--on-error {on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")
@@ -153,7 +171,8 @@ def check_on_error(on_error: str) -> None:
 @dataclass(frozen=True)
 class ClassifyConfig:
     """Everything `spark-cnn classify` (and embed) needs: paths, the input, the model and how it runs
-    (`inference`), and what only the driver uses (master, summary, partitioning, overwrite, quiet).
+    (`inference`), and what only the driver uses (master or a Spark Connect remote, summary, partitioning,
+    overwrite, quiet).
 
     >>> config = ClassifyConfig("in/", "out/", InferenceOptions(ModelSpec("resnet18"), top_k=3))
     >>> config.inference.top_k, config.inputs.format
@@ -169,10 +188,12 @@ class ClassifyConfig:
     partition_by: str | None = None
     overwrite: bool = False
     quiet: bool = False
+    remote: str | None = None
 
     def __post_init__(self) -> None:
         if not self.input:
             raise ConfigError("INPUT is empty: give a folder of images")
+        check_remote(self.master, self.remote)
         if not self.output:
             raise ConfigError("OUTPUT is empty: give a path for the Parquet output")
         if not isinstance(self.inference, InferenceOptions):

@@ -105,6 +105,8 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     model.add_argument("--std", type=floats, help="normalisation std, R,G,B (default: the weights', else ImageNet)")
     run = parser.add_argument_group("run")
     run.add_argument("--master", help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
+    run.add_argument("--remote", metavar="sc://HOST:PORT",
+                     help="run on this Spark Connect server (default: SPARK_REMOTE when set, as pyspark reads it)")
     run.add_argument("--batch-size", default="auto", help="rows per device batch: auto or N")
     run.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     run.add_argument("--precision", default="auto", choices=PRECISIONS,

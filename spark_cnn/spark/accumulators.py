@@ -5,16 +5,20 @@ from __future__ import annotations
 from pyspark.accumulators import AccumulatorParam
 
 
+def merge_snapshots(merged: dict, snapshots: dict) -> dict:
+    """Fold {sidecar key: counters} into `merged`. Counters are cumulative snapshots for one job, so merging
+    keeps the latest (most requests) per sidecar; a retried task adding a snapshot twice changes nothing."""
+    for key, snapshot in snapshots.items():
+        if key not in merged or snapshot["requests"] >= merged[key]["requests"]:
+            merged[key] = snapshot
+    return merged
+
+
 class SidecarStatsParam(AccumulatorParam):
-    """Accumulates {sidecar key: counters}. Counters are cumulative snapshots for one job, so merging keeps
-    the latest (most requests) per sidecar; a retried task adding a snapshot twice changes nothing."""
+    """Accumulates {sidecar key: counters} with `merge_snapshots`."""
 
     def zero(self, value: dict) -> dict:
         return {}
 
     def addInPlace(self, value1: dict, value2: dict) -> dict:
-        for key, snapshot in value2.items():
-            if key not in value1 or snapshot["requests"] >= value1[key]["requests"]:
-                value1[key] = snapshot
-        return value1
-
+        return merge_snapshots(value1, value2)

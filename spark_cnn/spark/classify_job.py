@@ -16,14 +16,14 @@ from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ConfigError
-from spark_cnn.spark.accumulators import SidecarStatsParam
-from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.planning import check_model, read_labels, start_inference  # noqa: F401 (read_labels: API)
+from spark_cnn.spark.session import application_id
+from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
-from spark_cnn.spark.storage import HadoopFS, to_uri
-from spark_cnn.task.schema import EMBED_COLUMNS, output_schema, spark_ddl
-from spark_cnn.task.stream import PartitionInference
+from spark_cnn.spark.storage import job_filesystem, to_uri
+from spark_cnn.task.object_store import StorageOptions
+from spark_cnn.task.schema import EMBED_COLUMNS, output_schema
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 
@@ -53,19 +53,20 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
     model = check_model(options)
     labels = model.labels
 
-    with job_session(spark, master=config.master, quiet=config.quiet) as spark:
-        fs = HadoopFS(spark)
+    with job_session(spark, master=config.master, remote=config.remote, quiet=config.quiet) as spark:
+        fs = job_filesystem(spark, StorageOptions.parse(config.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)
         _check_partition_column(config.partition_by, source)
 
         plan = start_inference(spark, options, model, source=source)
         job_id = plan.job_id
-        sidecar_stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
+        sidecar_stats = JobSidecarStats(spark, job_id)
         schema = output_schema(logits=options.logits, embeddings=options.embeddings)
         if source.has_labels:  # carried from the input, as the source reads it
             schema = schema.append(pa.field(TRUE_LABEL, pa.string()))
-        outputs = source.frame.mapInArrow(PartitionInference(plan, sidecar_stats, SPARK_TASK), spark_ddl(schema))
+        outputs = sidecar_stats.observed(source.frame.mapInArrow(sidecar_stats.task_function(plan),
+                                                                 sidecar_stats.ddl(schema)))
         if columns is not None:
             outputs = outputs.select(*columns)
 
@@ -80,10 +81,10 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         elapsed = time.perf_counter() - started
         publish(fs, staging, output_uri, overwrite=config.overwrite)
 
-        summary = _summarise(spark, output_uri, labels, elapsed, config, list(sidecar_stats.value.values()))
+        summary = _summarise(spark, output_uri, labels, elapsed, config, sidecar_stats.sidecars())
         summary.update(input=input_uri, output=output_uri, model=options.model.source,
                        weights=model.weights_label,
-                       app_id=spark.sparkContext.applicationId, job_id=job_id)
+                       app_id=application_id(spark), job_id=job_id)
         text = json.dumps(summary, indent=2)
         fs.write_text(output_uri.rstrip("/") + "/" + SUMMARY_FILE, text)
         if config.summary:

@@ -16,7 +16,9 @@ def submitted_conf() -> dict[str, str]:
 
     active = SparkSession.getActiveSession()
     if active is not None:
-        return dict(active.sparkContext.getConf().getAll())
+        from spark_cnn.spark.session import is_connect
+
+        return dict(active.conf.getAll) if is_connect(active) else dict(active.sparkContext.getConf().getAll())
     if os.environ.get("PYSPARK_GATEWAY_PORT"):  # spark-submit started this process and its JVM
         from pyspark import SparkConf, SparkContext
 

@@ -28,18 +28,18 @@ from pyspark.sql import functions as F
 from spark_cnn.config import EtlConfig
 from spark_cnn.errors import InputError
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES
-from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.classify_job import SUMMARY_FILE
 from spark_cnn.spark.etl_listing import ListedFile, list_input, settled
 from spark_cnn.spark.etl_log import EtlLog
-from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, task_error
 from spark_cnn.spark.planning import check_model, start_inference
+from spark_cnn.spark.session import application_id
+from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
-from spark_cnn.spark.storage import HadoopFS, local_path, to_uri
+from spark_cnn.spark.storage import HadoopFS, job_filesystem, local_path, to_uri
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
 from spark_cnn.task.schema import output_schema, spark_ddl
-from spark_cnn.task.stream import InferencePlan, PartitionInference
+from spark_cnn.task.stream import InferencePlan
 
 BATCH_COLUMN = "batch"
 STAGING = "_staging"
@@ -64,9 +64,9 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         raise InputError(f"input {input_path} is not a folder: the ETL job watches a folder for new images")
     model = check_model(options)  # as the classify job: in a child process, before Spark starts
 
-    with job_session(spark, master=job.master, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
-        app_id = spark.sparkContext.applicationId
-        fs = HadoopFS(spark)
+    with job_session(spark, master=job.master, remote=job.remote, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
+        app_id = application_id(spark)
+        fs = job_filesystem(spark, StorageOptions.parse(job.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
         started = time.perf_counter()
         log = EtlLog(fs, checkpoint_uri)
@@ -76,7 +76,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         plan = start_inference(spark, options, model,
                                source=ImageSource(spark.createDataFrame([], IMAGE_ROW_SCHEMA), "images", encoding,
                                                   storage=storage or NO_STORAGE))
-        stats = spark.sparkContext.accumulator({}, SidecarStatsParam())
+        stats = JobSidecarStats(spark, plan.job_id)
         writer = MicroBatchWriter(spark, fs, plan, stats, output_uri, in_tasks=in_tasks)
 
         pending = log.pending_batch()
@@ -94,7 +94,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
             log.commit(batch_id)
         elapsed = time.perf_counter() - started
 
-        summary = run_summary(writer.batches, elapsed, options.batch_size, list(stats.value.values()))
+        summary = run_summary(writer.batches, elapsed, options.batch_size, stats.sidecars())
         summary.update(input=input_uri, output=output_uri, checkpoint=checkpoint_uri, model=options.model.source,
                        weights=model.weights_label,
                        app_id=app_id, job_id=plan.job_id, waiting=len(waiting))
@@ -109,8 +109,8 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
 class MicroBatchWriter:
     """Batch N's files -> OUTPUT/batch=N, replacing any earlier attempt at N; one row per file."""
 
-    def __init__(self, spark: SparkSession, fs: HadoopFS, plan: InferencePlan, stats, output_uri: str, *,
-                 in_tasks: bool):
+    def __init__(self, spark: SparkSession, fs: HadoopFS, plan: InferencePlan, stats: JobSidecarStats,
+                 output_uri: str, *, in_tasks: bool):
         self.spark, self.fs, self.plan, self.stats, self.in_tasks = spark, fs, plan, stats, in_tasks
         self.output_uri = output_uri.rstrip("/")
         endpoint = plan.endpoint
@@ -151,7 +151,8 @@ class MicroBatchWriter:
                 .option("ignoreCorruptFiles", "true").load(readable).select("path", "content"))
 
     def _classify(self, images: DataFrame, uri: str, *, mode: str) -> None:
-        outputs = images.mapInArrow(PartitionInference(self.plan, self.stats, SPARK_TASK), spark_ddl(self.schema))
+        stats = self.stats
+        outputs = stats.observed(images.mapInArrow(stats.task_function(self.plan), stats.ddl(self.schema)))
         self._save(outputs, uri, mode)
 
     def _append(self, rows: DataFrame, uri: str) -> None:

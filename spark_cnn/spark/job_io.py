@@ -31,7 +31,7 @@ from spark_cnn.errors import (
 )
 from spark_cnn.spark.listing import check_store_input
 from spark_cnn.spark.locations import check_checkpoint_location, check_output_location
-from spark_cnn.spark.session import spark_session
+from spark_cnn.spark.session import application_id, owns_executors, spark_session
 from spark_cnn.spark.storage import ArrowFS, HadoopFS, local_path
 from spark_cnn.task.launcher import stop_sidecars
 from spark_cnn.task.object_store import StorageOptions, for_tasks, is_store_uri, serves
@@ -84,18 +84,21 @@ def check_paths(fs: HadoopFS, input_uri: str, output_uri: str | None, overwrite:
 
 
 @contextmanager
-def job_session(spark: SparkSession | None, *, master: str | None, quiet: bool,
-                app_name: str = "spark_cnn") -> Iterator[SparkSession]:
-    """`spark` when given (the caller owns it), else a new session that is stopped at the end, after this
-    host's sidecars of its application (on a cluster they exit with their executors)."""
+def job_session(spark: SparkSession | None, *, master: str | None, quiet: bool, app_name: str = "spark_cnn",
+                remote: str | None = None) -> Iterator[SparkSession]:
+    """`spark` when given (the caller owns it), else a new session (on `remote`, a Spark Connect server, when
+    given) that is stopped at the end, after this host's sidecars of its application when the session's
+    executors end with it (on a cluster they exit with their executors; on a shared Connect server they serve
+    its other clients until they idle out)."""
     if spark is not None:
         yield spark
         return
-    spark = spark_session(master=master, quiet=quiet, app_name=app_name)
+    spark = spark_session(master=master, remote=remote, quiet=quiet, app_name=app_name)
     try:
         yield spark
     finally:
-        stop_sidecars(spark.sparkContext.applicationId)
+        if owns_executors(spark):
+            stop_sidecars(application_id(spark))
         spark.stop()
 
 

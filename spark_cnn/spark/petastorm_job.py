@@ -9,6 +9,7 @@ into place, so petastorm never sees a half-written one.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,12 +18,13 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_cnn.config import PetastormConfig
-from spark_cnn.errors import ImageError, InputError
+from spark_cnn.config import REMOTE_ENV, PetastormConfig
+from spark_cnn.errors import ConfigError, ImageError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.planning import ReadPlan, plan_reading
+from spark_cnn.spark.session import is_connect
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import HadoopFS, to_uri
 from spark_cnn.task.files import read_listed_file
@@ -91,6 +93,10 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
     """Write the images of `config.input` as a Petastorm dataset at `config.output`; returns a summary."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
     check_local_paths(input_uri, output_uri, config.overwrite, storage_options=config.inputs.storage_options)
+    if is_connect(spark) if spark is not None else os.environ.get(REMOTE_ENV):
+        # it writes Petastorm's metadata through the JVM's Hadoop FileSystem
+        raise ConfigError("to-petastorm runs on a classic Spark session, not on Spark Connect: unset "
+                          f"{REMOTE_ENV} (or pass a classic session)")
     with job_session(spark, master=config.master, quiet=config.quiet) as spark:
         fs = HadoopFS(spark)
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)

@@ -31,6 +31,7 @@ from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats.encodings import ENCODED
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.models.spec import file_sha256
+from spark_cnn.spark.session import application_id, ship_files
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource
 from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions
@@ -139,20 +140,17 @@ def start_inference(spark: SparkSession, options: InferenceOptions, model: Check
                     source: ImageSource | None = None) -> InferencePlan:
     """Ship the model's files to the executors of `spark` and plan the tasks (plan_inference; a fresh job id)."""
     shipped = ship_model_files(spark, model)
-    return plan_inference(options, shipped, app_id=spark.sparkContext.applicationId, source=source)
+    return plan_inference(options, shipped, app_id=application_id(spark), source=source)
 
 
 def ship_model_files(spark: SparkSession, model: CheckedModel) -> CheckedModel:
-    """addFile a content-addressed copy of each file of the model (executors find theirs with
+    """Ship a content-addressed copy of each file of the model (session.ship_files: executors find theirs with
     SparkFiles.get(name)); returns the model whose endpoint names those copies, fingerprinted from their bytes."""
     endpoint = model.endpoint
     if not endpoint.files:
         return model
-    already = {uri.rstrip("/").rpartition("/")[2] for uri in spark.sparkContext.listFiles}
     copies = {path: content_addressed_copy(path) for path in endpoint.files}
-    for copy in copies.values():
-        if os.path.basename(copy) not in already:  # the same name is the same bytes: shipped before
-            spark.sparkContext.addFile(copy)
+    ship_files(spark, copies.values())
     # The fingerprint of what executors will load: the file may have changed since the driver checked it.
     as_shipped = replace(endpoint, source=copies.get(endpoint.source, endpoint.source),
                          weights=copies.get(endpoint.weights, endpoint.weights) if endpoint.weights else None)

@@ -1,12 +1,19 @@
-"""Create (or join) the SparkSession the jobs run in, pointed at this package's interpreter."""
+"""Create (or join) the SparkSession the jobs run in, pointed at this package's interpreter; and what differs
+between a classic session (a SparkContext and a JVM in this process) and a Spark Connect one (a gRPC client of a
+server elsewhere: no SparkContext, no py4j, no accumulators). Code that needs one of those asks here."""
 
 from __future__ import annotations
 
 import os
 import re
 import sys
+import threading
+import warnings
+from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
+
+from spark_cnn.config import REMOTE_ENV, check_remote
 
 # Image rows are large (a JPEG is ~100 KB): Spark's default of 10,000 rows per Arrow batch would put ~1 GB in
 # one batch. 64 rows keeps a batch near 6 MB and still amortises the per-batch cost; the byte bound catches
@@ -26,17 +33,26 @@ _LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)\])?")
 LOG4J2_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 
 
-def spark_session(*, master: str | None = None, app_name: str = "spark_cnn", quiet: bool = False,
-                  conf: dict | None = None) -> SparkSession:
+def spark_session(*, master: str | None = None, remote: str | None = None, app_name: str = "spark_cnn",
+                  quiet: bool = False, conf: dict | None = None) -> SparkSession:
     """A SparkSession whose Python workers run this interpreter (so pyarrow and spark_cnn import there).
 
+    `remote`: a Spark Connect server (`sc://host:port`, or `local[N]` to start one here, as pyspark does);
+    with SPARK_REMOTE set, pyspark connects there without it. The server's own Python workers need pyarrow
+    and spark_cnn installed: a server started here (`local[N]`) runs them with this interpreter.
+
     >>> spark = spark_session(master="local[2]")  # doctest: +SKIP
+    >>> spark = spark_session(remote="sc://127.0.0.1:15002")  # doctest: +SKIP
     """
+    check_remote(master, remote)
     # Without this, workers run `python3`, which may lack pyarrow ("No module named 'pyarrow'" in a task).
     python = os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    if master:
+    if remote:
+        # A local server is a local master: its tasks get retries as with_task_retries gives a local master.
+        builder = builder.remote(with_task_retries(remote) if remote.startswith("local") else remote)
+    elif master:
         builder = builder.master(with_task_retries(master))
     settings = {
         "spark.pyspark.python": python,
@@ -49,9 +65,59 @@ def spark_session(*, master: str | None = None, app_name: str = "spark_cnn", qui
         # A readable console: warnings and errors only. Applies when this process starts the driver JVM and
         # the user has no Spark conf dir of their own (whose spark-defaults would be overridden here).
         settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"
+    if (remote or os.environ.get(REMOTE_ENV) or "").startswith("sc://"):
+        # A server elsewhere has its own static settings (its workers' Python, its console, its JVM): a session
+        # sets only SQL settings there (pyspark would warn about each of the others).
+        settings = {key: value for key, value in settings.items() if key.startswith("spark.sql.")}
     for key, value in {**settings, **(conf or {})}.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    with warnings.catch_warnings():
+        # A local Connect server gets every setting when it starts; pyspark then sets them again on the session
+        # and warns about each static one ("Failed to set spark.pyspark.python ...").
+        warnings.filterwarnings("ignore", message="Failed to set spark\\.", category=UserWarning)
+        return builder.getOrCreate()
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """A Spark Connect session (pyspark.sql.connect): no SparkContext, JVM or accumulators in this process."""
+    connect = sys.modules.get("pyspark.sql.connect.session")  # loaded by any Connect session; needs grpc
+    return connect is not None and isinstance(spark, connect.SparkSession)
+
+
+def application_id(spark: SparkSession) -> str:
+    """The Spark application the session's tasks run in (sidecars are keyed by it)."""
+    if is_connect(spark):
+        return spark.conf.get("spark.app.id")
+    return spark.sparkContext.applicationId
+
+
+def owns_executors(spark: SparkSession) -> bool:
+    """Whether the session's executors end with this process: a classic session, or a Connect server that
+    pyspark started here (`local[N]`); not a shared server elsewhere, whose sidecars serve its other clients."""
+    return not is_connect(spark) or "SPARK_LOCAL_REMOTE" in os.environ  # pyspark sets it for a server it starts
+
+
+_connect_shipped: dict[str, set[str]] = {}  # Connect session id -> names shipped to it
+_connect_lock = threading.Lock()
+
+
+def ship_files(spark: SparkSession, paths: Iterable[str]) -> None:
+    """Make each file available to the session's tasks under its base name (`SparkFiles.get(name)` in a task;
+    a Connect session's files land in its own folder, which SparkFiles points at there). A name shipped
+    before is skipped: callers name files by their contents, so the same name is the same bytes."""
+    paths = list(paths)
+    if is_connect(spark):
+        with _connect_lock:
+            shipped = _connect_shipped.setdefault(spark.session_id, set())
+            for path in paths:
+                if os.path.basename(path) not in shipped:
+                    spark.addArtifacts(path, file=True)
+                    shipped.add(os.path.basename(path))
+        return
+    already = {uri.rstrip("/").rpartition("/")[2] for uri in spark.sparkContext.listFiles}
+    for path in paths:
+        if os.path.basename(path) not in already:
+            spark.sparkContext.addFile(path)
 
 
 def with_task_retries(master: str) -> str:

@@ -16,12 +16,13 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, SparkSession
 from pyspark.sql.functions import pandas_udf
 
-from spark_cnn.errors import ConfigError
+from spark_cnn.errors import ConfigError, SparkCnnError
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.accumulators import SidecarStatsParam
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.frames import inference_options
 from spark_cnn.spark.planning import check_model, start_inference
+from spark_cnn.spark.session import is_connect
 from spark_cnn.task.schema import NAMED_TOPK_ITEM, UDF_OUTPUTS, class_names, spark_type, udf_output_type
 from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
 
@@ -33,7 +34,7 @@ class CnnUdf:
     """What `cnn_udf` returns: call it on a column to get a Column of the output struct.
 
     `sidecars` lists the sidecars that served this UDF so far (one entry per executor; counters as in the
-    job summary), gathered from the tasks through an accumulator.
+    job summary), gathered from the tasks through an accumulator (a classic session's; Spark Connect has none).
     """
 
     def __init__(self, plan: InferencePlan, output: str, stats):
@@ -48,6 +49,9 @@ class CnnUdf:
 
     @property
     def sidecars(self) -> list[dict]:
+        if self._stats is None:
+            raise SparkCnnError("cnn_udf(...).sidecars comes from a Spark accumulator, which a Spark Connect session "
+                                "does not have; the classify and embed jobs report their sidecars on Connect too")
         return sorted(self._stats.value.values(), key=lambda s: (s["host"], str(s["executor"])))
 
     def __repr__(self) -> str:
@@ -92,7 +96,8 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
         raise ConfigError("cnn_udf needs a SparkSession: create one first (spark_cnn.spark_session()) or pass spark=")
     opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding", **options)
     plan = start_inference(spark, opts, check_model(opts))
-    return CnnUdf(plan, output, spark.sparkContext.accumulator({}, SidecarStatsParam()))
+    stats = None if is_connect(spark) else spark.sparkContext.accumulator({}, SidecarStatsParam())
+    return CnnUdf(plan, output, stats)
 
 
 def _udf_function(plan: InferencePlan, output: str, stats):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -99,18 +100,28 @@ class _BatchState:
 class PartitionInference:
     """Callable for `DataFrame.mapInArrow`: Iterator[RecordBatch(path, content)] -> Iterator[output batches].
 
-    `content` is image file bytes or a Spark image struct (see imaging/image_struct.py)."""
+    `content` is image file bytes or a Spark image struct (see imaging/image_struct.py). The sidecar's counters
+    for the job go to `stats_accumulator` (`.add({key: snapshot})`), or with `stats_in_output` into the column
+    SIDECAR_STATS_COLUMN (`with_stats_column`): JSON on the first row of the partition's last non-empty
+    batch, null elsewhere, for engines without accumulators (Spark Connect), whose driver observes it."""
 
-    def __init__(self, plan: InferencePlan, stats_accumulator=None, environment: TaskEnvironment = TaskEnvironment()):
+    def __init__(self, plan: InferencePlan, stats_accumulator=None, environment: TaskEnvironment = TaskEnvironment(),
+                 *, stats_in_output: bool = False):
         self.plan = plan
         self.stats = stats_accumulator
         self.environment = environment
+        self.stats_in_output = stats_in_output
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         inputs = ((batch.column(INPUT_COLUMNS[0]).to_pylist(), batch.column(INPUT_COLUMNS[1]), batch)
                   for batch in batches)
-        for state in infer_batches(self.plan, inputs, self.stats, self.environment):
-            yield self.assemble(state)
+        if not self.stats_in_output:
+            for state in infer_batches(self.plan, inputs, self.stats, self.environment):
+                yield self.assemble(state)
+            return
+        snapshots: list[dict] = []
+        states = infer_batches(self.plan, inputs, _Collected(snapshots), self.environment)
+        yield from stats_on_last_batch((self.assemble(state) for state in states), snapshots)
 
     def assemble(self, state: _BatchState) -> pa.RecordBatch:
         """The classify output rows of one input batch: every reply row at its input position (place_rows
@@ -125,6 +136,44 @@ class PartitionInference:
             schema = schema.append(pa.field(name, values.type))
             columns[name] = values
         return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+
+
+SIDECAR_STATS_COLUMN = "_sidecar_stats"
+
+
+def with_stats_column(schema: pa.Schema) -> pa.Schema:
+    """The output schema of a PartitionInference with `stats_in_output`."""
+    return schema.append(pa.field(SIDECAR_STATS_COLUMN, pa.string()))
+
+
+class _Collected:
+    """An accumulator stand-in that keeps the snapshots a task adds."""
+
+    def __init__(self, snapshots: list[dict]):
+        self._snapshots = snapshots
+
+    def add(self, update: dict) -> None:
+        self._snapshots.extend(update.values())
+
+
+def stats_on_last_batch(batches: Iterator[pa.RecordBatch], snapshots: list[dict]) -> Iterator[pa.RecordBatch]:
+    """`batches` with SIDECAR_STATS_COLUMN added: JSON of the last of `snapshots` (filled by the time `batches`
+    ends) on the first row of the last non-empty batch, null elsewhere. That batch is held back until then."""
+    held = None
+    for rows in batches:
+        if rows.num_rows == 0:
+            yield _stats_on_first_row(rows, None)
+            continue
+        if held is not None:
+            yield _stats_on_first_row(held, None)
+        held = rows
+    if held is not None:
+        yield _stats_on_first_row(held, json.dumps(snapshots[-1]) if snapshots else None)
+
+
+def _stats_on_first_row(rows: pa.RecordBatch, stats: str | None) -> pa.RecordBatch:
+    values = pa.array([stats] + [None] * (rows.num_rows - 1) if rows.num_rows else [], pa.string())
+    return rows.append_column(pa.field(SIDECAR_STATS_COLUMN, pa.string()), values)
 
 
 def _reply_schema(plan: InferencePlan) -> pa.Schema:

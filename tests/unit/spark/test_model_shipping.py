@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+from pyspark.sql.connect.session import SparkSession as ConnectSession
+
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.resolve import ResolvedModel
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.spark.planning import CheckedModel, ship_model_files
+from spark_cnn.spark.session import is_connect
 
 
 class FakeContext:
@@ -76,3 +79,29 @@ def test_two_files_with_one_name_in_different_folders_both_ship(tmp_path):
     names = {ship_model_files(spark, _checked(str(tmp_path / d / "w.pth"))).endpoint.files[str(tmp_path / d / "w.pth")]
              for d in ("a", "b")}
     assert len(names) == 2 and len(set(map(os.path.basename, spark.sparkContext.added))) == 2
+
+
+class RecordingConnectSession(ConnectSession):
+    """A Spark Connect session that records what addArtifacts would upload (and has no sparkContext)."""
+
+    def __init__(self, session_id: str):  # no server: nothing of the real __init__ runs
+        self._session_id = session_id
+        self.uploaded: list[tuple[tuple[str, ...], bool]] = []
+
+    def addArtifacts(self, *path: str, pyfile: bool = False, archive: bool = False, file: bool = False) -> None:  # noqa: N802
+        self.uploaded.append((path, file))
+
+
+def test_a_connect_session_gets_the_files_as_artifacts_once_per_session(tmp_path):
+    weights = tmp_path / "w.pth"
+    weights.write_bytes(b"weights for connect")
+    first, second = RecordingConnectSession("session-1"), RecordingConnectSession("session-2")
+    assert is_connect(first) and not is_connect(SimpleNamespace(sparkContext=FakeContext()))
+    for spark in (first, first, second):
+        shipped = ship_model_files(spark, _checked(str(weights))).endpoint
+    name = shipped.files[str(weights)]
+    for spark in (first, second):
+        ((paths, as_file),) = spark.uploaded  # once each, as a plain file (SparkFiles.get(name) in the tasks)
+        assert as_file and [os.path.basename(p) for p in paths] == [name]
+        with open(paths[0], "rb") as f:
+            assert f.read() == b"weights for connect"
