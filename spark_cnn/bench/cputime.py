@@ -4,6 +4,8 @@ The core is pure: `parse_stat` reads one stat line, `process_kind` classifies a 
 takes snapshots (every process of the tree: kind and utime+stime ticks so far, keyed by (pid, start time) so a
 reused pid is a new process) and returns what each kind spent between two moments; `per_image_ms` divides.
 `TreeCpuSampler` is the shell: a thread that snapshots the process tree below the bench while a variant runs.
+The variant itself snapshots the same tree at the exact start and end of its measured run (`tree_snapshot`, sent
+back as JSON), so the window's edges are exact and the periodic samples only fill in processes that come and go.
 
 A process that exits mid-run takes its last ticks with it. The sampler keeps, for every process, the last value it
 read, so an exited process still counts up to its last sample: what is lost is at most one SAMPLE_INTERVAL_S of
@@ -99,6 +101,16 @@ def cpu_seconds_by_kind(snapshots: Sequence[Snapshot], start: float, end: float,
     return spent
 
 
+def snapshot_to_json(snapshot: Snapshot) -> dict:
+    return {"at": snapshot.at, "processes": [[pid, start, kind, ticks]
+                                             for (pid, start), (kind, ticks) in snapshot.processes.items()]}
+
+
+def snapshot_from_json(data: dict) -> Snapshot:
+    return Snapshot(at=data["at"], processes={(pid, start): (kind, ticks)
+                                              for pid, start, kind, ticks in data["processes"]})
+
+
 def per_image_ms(seconds_by_kind: dict[str, float], images: int) -> dict[str, float] | None:
     """Milliseconds of CPU per image by kind, and `total`; None without images."""
     if not images or not seconds_by_kind:
@@ -151,7 +163,7 @@ class TreeCpuSampler:
 
     >>> with TreeCpuSampler() as cpu:  # doctest: +SKIP
     ...     subprocess.run([...])
-    >>> cpu_seconds_by_kind(cpu.snapshots, start, end)
+    >>> cpu_seconds_by_kind(cpu.snapshots, start, end)  # doctest: +SKIP
     """
 
     def __init__(self, root: int | None = None, interval_s: float = SAMPLE_INTERVAL_S):

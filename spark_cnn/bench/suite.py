@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 
-from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms
+from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, input_dir
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.variants import IDENTITY_MODEL, VARIANTS, VariantTask
@@ -99,8 +99,10 @@ def run_variant(task: VariantTask, workdir: str) -> dict:
     with open(out) as f:
         result = json.load(f)
     result.pop("task", None)
+    marks = [snapshot_from_json(mark) for mark in result.pop("window_snapshots", [])]
     if result.get("measured_window"):
-        result["cpu_ms_per_image"] = per_image_ms(cpu_seconds_by_kind(cpu.snapshots, *result["measured_window"]),
+        snapshots = sorted(cpu.snapshots + marks, key=lambda snapshot: snapshot.at)
+        result["cpu_ms_per_image"] = per_image_ms(cpu_seconds_by_kind(snapshots, *result["measured_window"]),
                                                   result.get("images", 0))
     result.update(peak_rss_mb=round(sampler.peak_rss / 2**20, 1),
                   peak_pss_mb=None if sampler.peak_pss is None else round(sampler.peak_pss / 2**20, 1),

@@ -15,7 +15,8 @@ source; spark_cnn runs its classify job with its own session settings (spark/ses
 Every variant preprocesses alike (RGB, shorter side 256, centre crop 224, ImageNet mean/std) and reports
 images/s over its measured run only: Spark variants first run the same job on a small warm-up folder, so
 session start, Python workers, model loading and the sidecar's start are not counted. Each also reports that
-run's wall-clock window (`measured_window`, time.time()), so the bench can charge CPU time to it alone.
+run's wall-clock window (`measured_window`, time.time()) and the CPU ticks of the bench's process tree at its
+two edges (`window_snapshots`), so the bench can charge CPU time to that run alone.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd  # the row UDF's type hints are resolved in this module's namespace
+
+from spark_cnn.bench.cputime import snapshot_to_json, tree_snapshot
 
 BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 MASTER = "local[2]"
@@ -54,6 +57,21 @@ class VariantTask:
     measure_s: float = 4.0  # limit only: seconds per measurement
     limit_batch_sizes: tuple[int, ...] = LIMIT_BATCH_SIZES
     measure_model: bool = True  # limit only: False for a near-free model, whose limit is decoding alone
+
+
+class MeasuredWindow:
+    """Marks the measured run: a snapshot of the bench's process tree (the bench runs this process) on entry and
+    on exit, exact edges for the CPU-per-image window (bench/cputime.py)."""
+
+    def __enter__(self) -> MeasuredWindow:
+        self.marks = [snapshot_to_json(tree_snapshot(os.getppid()))]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.marks.append(snapshot_to_json(tree_snapshot(os.getppid())))
+
+    def result(self) -> dict:
+        return {"measured_window": [mark["at"] for mark in self.marks], "window_snapshots": self.marks}
 
 
 # --- the user's side: what someone writes without this project -------------------------------------------
@@ -118,11 +136,11 @@ def run_bare(task: VariantTask) -> dict:
         return done
 
     run(input_files(task.warmup_input))
-    window, started = [time.time()], time.perf_counter()
-    done = run(input_files(task.input))
-    elapsed = time.perf_counter() - started
-    return {"images": done, "elapsed_s": elapsed, "measured_window": window + [time.time()],
-            "torch_threads": torch.get_num_threads()}
+    with MeasuredWindow() as window:
+        started = time.perf_counter()
+        done = run(input_files(task.input))
+        elapsed = time.perf_counter() - started
+    return {"images": done, "elapsed_s": elapsed, **window.result(), "torch_threads": torch.get_num_threads()}
 
 
 # --- Spark baselines ---------------------------------------------------------------------------------------
@@ -196,11 +214,10 @@ def _run_spark_udf(task: VariantTask, make_udf) -> dict:
             return time.perf_counter() - started
 
         job(task.warmup_input, os.path.join(workdir, "warmup"))
-        window = [time.time()]
-        elapsed = job(task.input, os.path.join(workdir, "out"))
-        window.append(time.time())
+        with MeasuredWindow() as window:
+            elapsed = job(task.input, os.path.join(workdir, "out"))
         rows = spark.read.parquet(os.path.join(workdir, "out")).count()
-        return {"images": rows, "elapsed_s": elapsed, "measured_window": window}
+        return {"images": rows, "elapsed_s": elapsed, **window.result()}
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -233,11 +250,10 @@ def run_spark_cnn(task: VariantTask) -> dict:
             return classify(config, spark=spark)
 
         job(task.warmup_input, "warmup")  # starts the sidecar and loads the model: start-up, not measured
-        window = [time.time()]
-        summary = job(task.input, "out")
-        window.append(time.time())
+        with MeasuredWindow() as window:
+            summary = job(task.input, "out")
         sidecars = summary["sidecars"]
-        return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], "measured_window": window,
+        return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
                 "errors": summary["errors"],
                 "batch_size": summary["batch_size"],
                 "mean_batch_size": [s.get("mean_batch_size") for s in sidecars],

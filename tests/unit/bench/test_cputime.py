@@ -81,3 +81,32 @@ def test_per_image_milliseconds_by_kind_and_in_total():
     assert list(ms) == ["jvm", "python_worker", "sidecar", "total"]  # KINDS order, whatever came in
     assert per_image_ms({"jvm": 1.0}, images=0) is None
     assert per_image_ms({}, images=10) is None
+
+
+def test_exact_edge_snapshots_sent_as_json_bound_the_window_between_periodic_samples():
+    # The variant snapshots the tree at its measured run's start (1.3) and end (1.7), between samples 1 s apart:
+    # only what was spent between the marks counts, not the warm-up before or the summary after.
+    periodic = [Snapshot(1.0, {JVM: ("jvm", 100)}), Snapshot(2.0, {JVM: ("jvm", 400)})]
+    marks = [cputime.snapshot_from_json(cputime.snapshot_to_json(Snapshot(at, {JVM: ("jvm", ticks)})))
+             for at, ticks in ((1.3, 150), (1.7, 350))]
+    assert marks[0] == Snapshot(1.3, {JVM: ("jvm", 150)})
+    snapshots = sorted(periodic + marks, key=lambda s: s.at)
+    assert cpu_seconds_by_kind(snapshots, 1.3, 1.7, ticks_per_s=100) == pytest.approx({"jvm": 2.0})
+    assert cpu_seconds_by_kind(periodic, 1.3, 1.7, ticks_per_s=100) == pytest.approx({"jvm": 3.0})  # coarser
+
+
+@pytest.mark.slow
+def test_a_tree_snapshot_finds_a_child_and_its_cpu():
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: pass"])
+    try:
+        time.sleep(0.3)
+        mine = [(kind, ticks) for (pid, _), (kind, ticks) in cputime.tree_snapshot(os.getpid()).processes.items()
+                if pid == child.pid]
+        assert mine and mine[0][0] == "other" and mine[0][1] > 0
+    finally:
+        child.kill()
+        child.wait()
