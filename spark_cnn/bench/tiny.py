@@ -12,6 +12,8 @@ Arrow, batching, heads, replies, Spark) is then nearly all there is.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -39,5 +41,7 @@ def identity_classifier() -> nn.Module:
 def save_identity_torchscript(path: str) -> str:
     """Write the near-free model (default preprocessing, seeded weights) as TorchScript to `path`."""
     torch.manual_seed(0)
-    torch.jit.save(torch.jit.script(MeanPixelClassifier().eval()), path)
+    with warnings.catch_warnings():  # torch marks TorchScript deprecated; users still ship it, so the bench does
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(MeanPixelClassifier().eval()), path)
     return path
