@@ -23,6 +23,8 @@ import signal
 import threading
 import time
 
+from spark_cnn.bench.cputime import process_kind
+
 # Four samples a second: a Spark variant lives tens of seconds, and an RSS scan of the tree costs ~1.5 ms of CPU.
 SAMPLE_INTERVAL_S = 0.25
 # PSS (~25 ms of CPU per read of a Spark variant's tree) at most once a second, and only near the RSS peak: read
@@ -90,19 +92,10 @@ def role(pid: int) -> str:
     """What a process is, for the memory breakdown: jvm, sidecar, python_worker, driver or other."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().split(b"\0")
+            args = f.read().rstrip(b"\0").split(b"\0")
     except OSError:
         return "other"
-    text = b" ".join(args)
-    if args and args[0].endswith(b"java"):
-        return "jvm"
-    if b"spark_cnn.sidecar" in text:
-        return "sidecar"
-    if b"pyspark.daemon" in text or b"pyspark.worker" in text:
-        return "python_worker"
-    if b"spark_cnn.bench.variants" in text:
-        return "driver"
-    return "other"
+    return process_kind(args)
 
 
 def rss_bytes(pid: int) -> int:

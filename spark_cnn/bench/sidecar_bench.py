@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from spark_cnn.bench.tiny import IDENTITY_FACTORY
+from spark_cnn.bench.variants import IDENTITY_MODEL
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.models.spec import Endpoint
@@ -38,7 +39,6 @@ BENCH_IMAGES = 32
 # client sends more of them, so K clients can fill several device batches between them.
 ROWS_IN_FLIGHT_PER_CLIENT = 64
 CLIENT_START_TIMEOUT_S = 120.0
-IDENTITY_MODEL = "identity"  # --model identity: the serving ceiling, with a model that costs nearly nothing
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,13 @@
 
 For each model: save random weights (reloaded by every variant), measure `limit` first, size the run from it
 (enough images for at least MIN_STEADY_S of steady work at the limit rate, which every real variant is slower
-than), then run each variant in its own process while a sampler records the peak memory of that process's
-whole tree. Whatever a variant leaves running is killed and reported.
+than), then run each variant in its own process while samplers record the peak memory of that process's
+whole tree and the CPU time of each of its processes; the CPU spent in the variant's measured run, by process
+kind, divided by its images, is its CPU per image. Whatever a variant leaves running is killed and reported.
+
+`identity` is a near-free model (bench/tiny.py), saved as a TorchScript file that every variant loads as it
+loads a user's model; its limit is the decode-only rate of the cores, so what each variant reaches of it shows
+what the framework itself costs per image.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 
+from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, input_dir
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
-from spark_cnn.bench.variants import VARIANTS, VariantTask
+from spark_cnn.bench.variants import IDENTITY_MODEL, VARIANTS, VariantTask
 
 DEFAULT_MODELS = ("mobilenet_v3_small", "resnet18")
 # Steady work per variant in the full bench: at least 20 s, so start-up costs fade; sizing from the limit rate
@@ -60,21 +66,28 @@ def images_for(limit_per_s: float | None, config: BenchConfig) -> int:
     return max(ROUND_IMAGES_TO, math.ceil(limit_per_s * MIN_STEADY_S / ROUND_IMAGES_TO) * ROUND_IMAGES_TO)
 
 
-def _save_weights(model: str, folder: str) -> str:
+def _save_model(model: str, folder: str) -> tuple[str, str | None]:
+    """(model source, weights file) every variant reloads: random torchvision weights saved once, or the
+    near-free model as a TorchScript file (no weights file)."""
     import torch
     import torchvision
 
+    if model == IDENTITY_MODEL:
+        from spark_cnn.bench.tiny import save_identity_torchscript
+
+        return save_identity_torchscript(os.path.join(folder, f"{model}.pt")), None
     torch.manual_seed(0)
     path = os.path.join(folder, f"{model}.pth")
     torch.save(torchvision.models.get_model(model, weights=None).state_dict(), path)
-    return path
+    return model, path
 
 
 def run_variant(task: VariantTask, workdir: str) -> dict:
-    """One variant in a fresh process; adds its peak memory, wall time and anything it left behind."""
-    out = os.path.join(workdir, f"{task.model}-{task.variant}.json")
+    """One variant in a fresh process; adds its peak memory, CPU per image by process kind, wall time and
+    anything it left behind."""
+    out = os.path.join(workdir, f"{os.path.basename(task.model)}-{task.variant}.json")
     started = time.perf_counter()
-    with TreeMemorySampler() as sampler:
+    with TreeMemorySampler() as sampler, TreeCpuSampler() as cpu:
         proc = subprocess.run([sys.executable, "-m", "spark_cnn.bench.variants", json.dumps(asdict(task)), out],
                               capture_output=True, text=True, timeout=VARIANT_TIMEOUT_S)
     wall_s = time.perf_counter() - started
@@ -86,6 +99,11 @@ def run_variant(task: VariantTask, workdir: str) -> dict:
     with open(out) as f:
         result = json.load(f)
     result.pop("task", None)
+    marks = [snapshot_from_json(mark) for mark in result.pop("window_snapshots", [])]
+    if result.get("measured_window"):
+        snapshots = sorted(cpu.snapshots + marks, key=lambda snapshot: snapshot.at)
+        result["cpu_ms_per_image"] = per_image_ms(cpu_seconds_by_kind(snapshots, *result["measured_window"]),
+                                                  result.get("images", 0))
     result.update(peak_rss_mb=round(sampler.peak_rss / 2**20, 1),
                   peak_pss_mb=None if sampler.peak_pss is None else round(sampler.peak_pss / 2**20, 1),
                   peak_processes=sampler.peak_processes,
@@ -104,10 +122,11 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
         if "spark_cnn" in config.variants and not config.quick:
             log(ensure_device_profile())
         for model in config.models:
-            weights = _save_weights(model, workdir)
-            base = VariantTask(variant="limit", model=model, weights=weights, input=input_dir(256, config.data_dir),
+            source, weights = _save_model(model, workdir)
+            base = VariantTask(variant="limit", model=source, weights=weights, input=input_dir(256, config.data_dir),
                                warmup_input=warmup, images=0, measure_s=1.5 if config.quick else 4.0,
-                               limit_batch_sizes=(16,) if config.quick else (8, 16, 32))
+                               limit_batch_sizes=(16,) if config.quick else (8, 16, 32),
+                               measure_model=model != IDENTITY_MODEL)
             details = {}
             if "limit" in config.variants:
                 log(f"{model}: limit (decode alone, model alone) ...")
@@ -126,6 +145,8 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
                 "machine": machine, "model": model, "images": images,
                 "results": {v: _rounded(details[v].get("images_per_s")) for v in VARIANTS if v in details},
                 "memory_mb": {v: details[v].get("peak_rss_mb") for v in VARIANTS if v in details and v != "limit"},
+                "cpu_ms_per_image": {v: details[v].get("cpu_ms_per_image") for v in VARIANTS
+                                     if v in details and v != "limit"},
                 "details": details,
             })
     return entries

@@ -6,14 +6,17 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 - predict_batch_udf: Spark's own answer, batch_size 32, the model loaded in every Python worker.
 - spark_cnn: this project's classify job (sidecar, dynamic batching, tuned batch size, chosen decode place).
 - limit: decode alone on one core and the model alone (1 and all threads), combined into the best rate the
-  machine's cores allow for the whole pipeline (see `pipeline_limit`).
+  machine's cores allow for the whole pipeline (see `pipeline_limit`). For the near-free model (`identity`, a
+  TorchScript file: bench/tiny.py) the model is not measured: the limit is the decode-only rate of the cores.
 
 The two Spark baselines run as a user's job would: a SparkSession with Spark's defaults and the binaryFile
 source; spark_cnn runs its classify job with its own session settings (spark/session.py).
 
 Every variant preprocesses alike (RGB, shorter side 256, centre crop 224, ImageNet mean/std) and reports
 images/s over its measured run only: Spark variants first run the same job on a small warm-up folder, so
-session start, Python workers, model loading and the sidecar's start are not counted.
+session start, Python workers, model loading and the sidecar's start are not counted. Each also reports that
+run's wall-clock window (`measured_window`, time.time()) and the CPU ticks of the bench's process tree at its
+two edges (`window_snapshots`), so the bench can charge CPU time to that run alone.
 """
 
 from __future__ import annotations
@@ -32,9 +35,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd  # the row UDF's type hints are resolved in this module's namespace
 
+from spark_cnn.bench.cputime import snapshot_to_json, tree_snapshot
+
 BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 MASTER = "local[2]"
 VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", "limit")
+# The near-free model's name in the bench commands (bench/tiny.py); here, torch-free, for the CLI and the report.
+IDENTITY_MODEL = "identity"
 # Batch sizes the model-only measurement tries at one thread; the limit takes the fastest.
 LIMIT_BATCH_SIZES = (8, 16, 32)
 
@@ -42,13 +49,29 @@ LIMIT_BATCH_SIZES = (8, 16, 32)
 @dataclass(frozen=True)
 class VariantTask:
     variant: str
-    model: str
-    weights: str
+    model: str             # a torchvision name, or a TorchScript file (the near-free model)
+    weights: str | None
     input: str             # folder of the measured images
     warmup_input: str      # small folder run first (start-up), not measured
     images: int
     measure_s: float = 4.0  # limit only: seconds per measurement
     limit_batch_sizes: tuple[int, ...] = LIMIT_BATCH_SIZES
+    measure_model: bool = True  # limit only: False for a near-free model, whose limit is decoding alone
+
+
+class MeasuredWindow:
+    """Marks the measured run: a snapshot of the bench's process tree (the bench runs this process) on entry and
+    on exit, exact edges for the CPU-per-image window (bench/cputime.py)."""
+
+    def __enter__(self) -> MeasuredWindow:
+        self.marks = [snapshot_to_json(tree_snapshot(os.getppid()))]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.marks.append(snapshot_to_json(tree_snapshot(os.getppid())))
+
+    def result(self) -> dict:
+        return {"measured_window": [mark["at"] for mark in self.marks], "window_snapshots": self.marks}
 
 
 # --- the user's side: what someone writes without this project -------------------------------------------
@@ -56,14 +79,18 @@ class VariantTask:
 _MODELS: dict = {}  # per Python worker: (name, weights) -> module; Spark reuses workers across tasks
 
 
-def load_model(name: str, weights: str):
+def load_model(name: str, weights: str | None):
+    """A torchvision model with a state_dict file, or a TorchScript file (`weights` None), as a user loads them."""
     key = (name, weights)
     if key not in _MODELS:
         import torch
         import torchvision
 
-        model = torchvision.models.get_model(name, weights=None)
-        model.load_state_dict(torch.load(weights, weights_only=True))
+        if weights is None:
+            model = torch.jit.load(name, map_location="cpu")
+        else:
+            model = torchvision.models.get_model(name, weights=None)
+            model.load_state_dict(torch.load(weights, weights_only=True))
         _MODELS[key] = model.eval()
     return _MODELS[key]
 
@@ -109,9 +136,11 @@ def run_bare(task: VariantTask) -> dict:
         return done
 
     run(input_files(task.warmup_input))
-    started = time.perf_counter()
-    done = run(input_files(task.input))
-    return {"images": done, "elapsed_s": time.perf_counter() - started, "torch_threads": torch.get_num_threads()}
+    with MeasuredWindow() as window:
+        started = time.perf_counter()
+        done = run(input_files(task.input))
+        elapsed = time.perf_counter() - started
+    return {"images": done, "elapsed_s": elapsed, **window.result(), "torch_threads": torch.get_num_threads()}
 
 
 # --- Spark baselines ---------------------------------------------------------------------------------------
@@ -185,9 +214,10 @@ def _run_spark_udf(task: VariantTask, make_udf) -> dict:
             return time.perf_counter() - started
 
         job(task.warmup_input, os.path.join(workdir, "warmup"))
-        elapsed = job(task.input, os.path.join(workdir, "out"))
+        with MeasuredWindow() as window:
+            elapsed = job(task.input, os.path.join(workdir, "out"))
         rows = spark.read.parquet(os.path.join(workdir, "out")).count()
-        return {"images": rows, "elapsed_s": elapsed}
+        return {"images": rows, "elapsed_s": elapsed, **window.result()}
     finally:
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -220,9 +250,11 @@ def run_spark_cnn(task: VariantTask) -> dict:
             return classify(config, spark=spark)
 
         job(task.warmup_input, "warmup")  # starts the sidecar and loads the model: start-up, not measured
-        summary = job(task.input, "out")
+        with MeasuredWindow() as window:
+            summary = job(task.input, "out")
         sidecars = summary["sidecars"]
-        return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], "errors": summary["errors"],
+        return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
+                "errors": summary["errors"],
                 "batch_size": summary["batch_size"],
                 "mean_batch_size": [s.get("mean_batch_size") for s in sidecars],
                 "decode": [s.get("decode") for s in sidecars], "tuning": [s.get("tuning") for s in sidecars]}
@@ -240,12 +272,13 @@ def pipeline_limit(decode_per_s: float, model_per_s: dict[int, float], cores: in
     Each image costs 1/decode_per_s core-seconds of decoding (measured on one core) and, at the model's most
     core-efficient thread count t, t/model_per_s[t] core-seconds of compute. With every core busy on useful
     work and nothing else, `cores` core-seconds per second give cores / (decode + compute) images/s. Serving,
-    Spark and copies cost extra, so a real pipeline stays below this.
+    Spark and copies cost extra, so a real pipeline stays below this. Without model rates (a near-free model)
+    the compute is taken as nothing: the decode-only rate of the cores.
 
     >>> round(pipeline_limit(184.0, {1: 117.0, 2: 196.0}, 2), 1)  # the 2-core figures of docs/benchmarks.md
     143.0
     """
-    compute_core_s = min(threads / rate for threads, rate in model_per_s.items() if rate > 0)
+    compute_core_s = min((threads / rate for threads, rate in model_per_s.items() if rate > 0), default=0.0)
     return cores / (1.0 / decode_per_s + compute_core_s)
 
 
@@ -283,9 +316,13 @@ def run_limit(task: VariantTask) -> dict:
             position[0] += 1
 
     decode_per_s = _rate(decode_some, task.measure_s, 16)
+    cores = os.cpu_count() or 1
+    if not task.measure_model:
+        return {"images_per_s": pipeline_limit(decode_per_s, {}, cores), "decode_per_s_one_core": decode_per_s,
+                "model_per_s_by_threads": {}, "model_per_s_one_thread_by_batch": {}, "model_batch_size": None,
+                "cores": cores}
     pixels = np.stack([preprocess_pixels(data, prep) for data in contents[:max(task.limit_batch_sizes)]])
     runner = ModelRunner(endpoint, torch.device("cpu"))
-    cores = os.cpu_count() or 1
     by_batch, model_per_s = {}, {}
     torch.set_num_threads(1)
     for size in task.limit_batch_sizes:

@@ -12,7 +12,9 @@ def register(commands) -> None:
     parser = commands.add_parser("bench", help="compare with a bare PyTorch loop, a row UDF and predict_batch_udf")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run (about 2 minutes): mobilenet_v3_small only, few images, short measurements")
-    parser.add_argument("--models", nargs="+", help=f"torchvision models (default: {' '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--models", nargs="+",
+                        help=f"torchvision models, or identity: a near-free model whose limit is decoding alone "
+                        f"(default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--images", type=int, help="images per variant (default: enough for 24 s at the limit rate)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="which variants to run (default: all)")
@@ -46,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
 def _check_models(models: tuple[str, ...]) -> None:
     import torchvision
 
+    from spark_cnn.bench.variants import IDENTITY_MODEL
     from spark_cnn.errors import ConfigError
 
-    known = set(torchvision.models.list_models(module=torchvision.models))
+    known = set(torchvision.models.list_models(module=torchvision.models)) | {IDENTITY_MODEL}
     unknown = [m for m in models if m not in known]
     if unknown:
         raise ConfigError(f"--models {' '.join(unknown)}: not torchvision classification models "
-                          f"(e.g. mobilenet_v3_small, resnet18)")
+                          f"(e.g. mobilenet_v3_small, resnet18) nor {IDENTITY_MODEL}")

@@ -118,3 +118,44 @@ def test_report_names_ratios_memory_and_targets(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     report.write_json(str(tmp_path / "one.json"), [entry])
     assert (tmp_path / "one.json").read_text().lstrip().startswith("{")
+
+
+def test_report_shows_cpu_per_image_by_kind_and_the_near_free_models_own_targets():
+    entry = {"machine": "2 CPU cores", "model": "identity", "images": 256,
+             "results": {"bare": 500.0, "predict_batch_udf": 200.0, "spark_cnn": 450.0, "limit": 600.0},
+             "memory_mb": {},
+             "cpu_ms_per_image": {"bare": {"driver": 3.1, "total": 3.1},
+                                  "spark_cnn": {"jvm": 1.25, "python_worker": 2.5, "sidecar": 0.5, "total": 4.25}},
+             "details": {"limit": {"decode_per_s_one_core": 300.0, "model_per_s_by_threads": {}, "cores": 2}}}
+    text = report.table(entry)
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.strip().startswith("CPU ms per image"))
+    assert lines[header].split()[4:] == ["jvm", "python_worker", "sidecar", "driver", "total"]
+    assert lines[header + 1].split() == ["bare", "3.10", "3.10"]
+    assert lines[header + 2].split() == ["spark_cnn", "1.25", "2.50", "0.50", "4.25"]
+    assert "2 cores x decode 300.0 img/s" in text and "3.33 CPU ms per image" in text
+    verdicts = {line.split()[2]: line.rsplit(": ", 1)[1] for line in report.target_lines(entry)}
+    # The real models' 0.9 of the limit does not apply; the near-free model's 0.85 and 2x predict_batch_udf do.
+    assert verdicts == {"decode-only": "MISSED)", "predict_batch_udf": "met)"}
+
+
+def test_limit_without_model_rates_is_the_decode_only_rate_of_the_cores():
+    assert pipeline_limit(300.0, {}, 2) == pytest.approx(600.0)
+
+
+def test_the_near_free_model_loads_as_torchscript_with_the_default_preprocessing(tmp_path):
+    import torch
+
+    from spark_cnn.bench.tiny import save_identity_torchscript
+    from spark_cnn.bench.variants import load_model
+    from spark_cnn.imaging.preprocess import Preprocessing
+    from spark_cnn.models.resolve import resolve_endpoint
+    from spark_cnn.models.spec import ModelSpec
+
+    path = save_identity_torchscript(str(tmp_path / "identity.pt"))
+    spec = ModelSpec(path)
+    assert spec.kind == "torchscript"
+    endpoint = resolve_endpoint(spec).endpoint  # what the job, the sidecar and the limit load
+    assert (endpoint.preprocessing.resize, endpoint.preprocessing.crop) == (Preprocessing().resize, 224)
+    user = load_model(path, None)  # what the bare loop and the Spark UDFs load
+    assert user(torch.zeros(2, 3, 224, 224)).shape == (2, 10)
