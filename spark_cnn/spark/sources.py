@@ -31,7 +31,8 @@ from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
 from spark_cnn.spark.listing import Entry, is_hidden, list_objects, matches_glob, pack_partitions, walk_files
-from spark_cnn.spark.storage import ArrowFS, is_connect, local_path
+from spark_cnn.spark.session import is_connect
+from spark_cnn.spark.storage import ArrowFS, local_path
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
 
 IMAGE_ROW_SCHEMA = "path string, content binary"

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 from pyspark.sql import SparkSession
 
 from spark_cnn.errors import InputError
+from spark_cnn.spark.session import is_connect
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, filesystem, is_store_uri, scheme_of, storage_error
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -132,11 +133,6 @@ def missing_filesystem_error(uri: str, hadoop_version: str | None) -> str:
     package = package.replace("VERSION", hadoop_version or "<Spark's Hadoop version>")
     return (f"{uri}: Spark has no Hadoop filesystem for {scheme}:// paths; add its connector to the cluster, e.g. "
             f"spark-submit --packages {package} (or spark.jars.packages)")
-
-
-def is_connect(spark) -> bool:
-    """Whether `spark` is a Spark Connect session (no JVM on this side: no sparkContext, no py4j)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def job_filesystem(spark, storage: StorageOptions = NO_STORAGE):
