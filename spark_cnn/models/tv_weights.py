@@ -9,8 +9,10 @@ import os
 
 import torch
 import torchvision
+from torchvision.transforms._presets import ImageClassification
 
-from spark_cnn.errors import ModelError
+from spark_cnn.errors import ConfigError, ModelError
+from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.models.weights import ResolvedWeights, cached_path, pick_member
 
 # Builders that size the model from the weights' meta["min_size"], and the argument they set (vit_*, maxvit_*).
@@ -19,10 +21,11 @@ SIZE_ARGUMENTS = (("vit_", "image_size", 0), ("maxvit_", "input_size", None))
 
 def weights_enum(model: str, text: str):
     """The member of `model`'s weights enum that `text` names (ConfigError listing the valid ones if none)."""
-    try:
-        enum = torchvision.models.get_model_weights(model)
-    except (ValueError, KeyError) as e:
-        raise ModelError(f"--model {model}: unknown torchvision model, so it has no weights named {text}") from e
+    # get_model_weights also knows the quantized and detection models, which are not classifiers we build
+    if model not in torchvision.models.list_models(module=torchvision.models):
+        raise ModelError(f"--model {model}: not a torchvision classification model, so it has no weights named "
+                         f"{text}")
+    enum = torchvision.models.get_model_weights(model)
     return enum[pick_member(model, text, enum.__name__, list(enum.__members__))]
 
 
@@ -34,13 +37,39 @@ def enum_name(weights) -> str:
 def resolve_torchvision_weights(model: str, text: str) -> ResolvedWeights:
     """Named torchvision weights -> their cached file, preprocessing (from `transforms()`) and categories."""
     weights = weights_enum(model, text)
-    transforms = weights.transforms()
-    preprocessing = {"resize": _one(transforms.resize_size), "crop": _one(transforms.crop_size),
-                     "interpolation": transforms.interpolation.value, "mean": tuple(transforms.mean),
-                     "std": tuple(transforms.std)}
     categories = weights.meta.get("categories")
+    if not categories:
+        classifiers = [name for name, member in type(weights).__members__.items() if member.meta.get("categories")]
+        raise ConfigError(f"--weights {text}: {enum_name(weights)} are feature-extraction weights without a "
+                          f"classifier (torchvision names no categories for them); --model {model} classifies "
+                          f"with {', '.join(classifiers)}")
+    preprocessing = transforms_preprocessing(weights.transforms(), enum_name(weights))
     return ResolvedWeights(file=fetch(weights, text), label=enum_name(weights), enum=enum_name(weights),
-                           preprocessing=preprocessing, categories=tuple(categories) if categories else None)
+                           preprocessing=preprocessing, categories=tuple(categories))
+
+
+def transforms_preprocessing(transforms, label: str) -> dict:
+    """The Preprocessing fields that do what torchvision's `transforms` (of the weights `label`) do; a ModelError
+    for transforms this preprocessing cannot do: another preset than ImageClassification (resize the shorter
+    side, centre crop, normalise), a non-square size, a filter Pillow's resize does not share with it, or a
+    resize without antialiasing (Pillow's filters always antialias)."""
+    if not isinstance(transforms, ImageClassification):
+        raise ModelError(f"--weights {label}: their transforms are {type(transforms).__name__}, not "
+                         "ImageClassification (resize, centre crop, normalise), which is all spark_cnn's "
+                         "preprocessing does; pass the weights as a state_dict file with --resize/--crop/--mean/--std")
+    interpolation = transforms.interpolation.value
+    problem = None
+    if len(transforms.resize_size) != 1 or len(transforms.crop_size) != 1:
+        problem = f"resize to {transforms.resize_size} and crop to {transforms.crop_size} (not one size each)"
+    elif interpolation not in INTERPOLATIONS:
+        problem = f"resize with {interpolation} interpolation (spark_cnn has {', '.join(INTERPOLATIONS)})"
+    elif transforms.antialias is False:
+        problem = "resize without antialiasing (spark_cnn's resize always antialiases, as Pillow's does)"
+    if problem:
+        raise ModelError(f"--weights {label}: their transforms {problem}; pass the weights as a state_dict file "
+                         "with --resize/--crop/--interpolation of your choice")
+    return {"resize": int(transforms.resize_size[0]), "crop": int(transforms.crop_size[0]),
+            "interpolation": interpolation, "mean": tuple(transforms.mean), "std": tuple(transforms.std)}
 
 
 def fetch(weights, text: str) -> str:
@@ -66,14 +95,10 @@ def builder_arguments(model: str, enum: str) -> dict:
     weights = torchvision.models.get_weight(enum)
     if type(weights) is not torchvision.models.get_model_weights(model):
         raise ModelError(f"--weights {enum} are not weights of --model {model}")
-    arguments = {"num_classes": len(weights.meta["categories"])}
+    categories = weights.meta["categories"]
+    arguments = {"num_classes": len(categories)} if categories is not None else {}  # as torchvision's vgg builder
     for prefix, name, index in SIZE_ARGUMENTS:
         if model.startswith(prefix):
             size = weights.meta["min_size"]
             arguments[name] = size if index is None else size[index]
     return arguments
-
-
-def _one(size) -> int:
-    """transforms keep sizes as one-element lists."""
-    return int(size[0]) if isinstance(size, list | tuple) else int(size)
