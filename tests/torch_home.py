@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import typing
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -15,18 +16,26 @@ from spark_cnn.models.weights import cached_path
 
 
 def seed_weights(torch_home: str, model: str, weights: str = "DEFAULT", seed: int = 0,
-                 old_densenet_keys: bool = False, calibration: torch.Tensor | None = None) -> str:
+                 old_densenet_keys: bool = False, calibration: torch.Tensor | None = None,
+                 legacy_format: bool = False) -> str:
     """Save random weights of `model` for its `weights` member where torchvision caches them; returns the path.
     The state_dict is in torchvision's format: the model as torchvision's builder builds it for these weights
     (their classes and input size, the auxiliary heads included), and with `old_densenet_keys` densenet's old key
     names ('norm.1'), as torchvision's published densenet files have. Batch norm is calibrated on `calibration`
     images (N, 3, H, W), else on noise: calibrated on the very images a test feeds, a deep random network stays
     well-conditioned (float32 rounding of its input moves its logits by ~1e-5 of their scale; calibrated on noise,
-    efficientnet_v2_s's move by 10%)."""
+    efficientnet_v2_s's move by 10%). `legacy_format`: older layouts torchvision's own classes still load (files
+    published before those classes changed may have them): mnasnet's version-1 stem (the file says so in its
+    metadata), the ViT MLP blocks' `linear_1`/`linear_2` keys (no metadata)."""
     enum = torchvision.models.get_model_weights(model)[weights]
     cls, args, kwargs = torchvision_construction(model, enum)
     torch.manual_seed(seed)
     module = cls(*args, **kwargs)
+    if legacy_format and model.startswith("mnasnet"):
+        with warnings.catch_warnings():  # "saved using the previous version": what we ask for
+            warnings.simplefilter("ignore", UserWarning)
+            module._load_from_state_dict({}, "", {"version": 1}, False, [], [], [])  # its own switch to v1
+        assert module._version == 1
     _randomise_constants(module)
     _calibrate_batch_norm(module, enum.transforms().crop_size[0], calibration)
     path = cached_path(os.path.join(torch_home, "hub"), enum.url)
@@ -37,6 +46,10 @@ def seed_weights(torch_home: str, model: str, weights: str = "DEFAULT", seed: in
         state = {re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.", r"\1.\2.", k): v for k, v in state.items()
                  if not k.endswith("num_batches_tracked")}
         assert any(".norm.1." in key for key in state)
+    if legacy_format and model.startswith("vit_"):
+        state = {re.sub(r"\.mlp\.([03])\.", lambda m: f".mlp.linear_{int(m[1]) // 3 + 1}.", k): v
+                 for k, v in state.items()}
+        assert any(".mlp.linear_2." in key for key in state)
     torch.save(state, path)
     return path
 

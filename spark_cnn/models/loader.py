@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections import OrderedDict
 
 import torch
 import torchvision
@@ -111,9 +112,9 @@ def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: st
     torchvision_model = kind == "torchvision"
     aux_prefixes = AUX_HEAD_MODELS.get(source, ()) if torchvision_model else ()
     if aux_prefixes:
-        state = {k: v for k, v in state.items() if not k.startswith(aux_prefixes)}
+        state = _keeping_metadata({k: v for k, v in state.items() if not k.startswith(aux_prefixes)}, state)
     if torchvision_model and source.startswith("densenet"):
-        state = {_DENSENET_OLD_KEY.sub(r"\1\2", k): v for k, v in state.items()}
+        state = _keeping_metadata({_DENSENET_OLD_KEY.sub(r"\1\2", k): v for k, v in state.items()}, state)
     try:
         module.load_state_dict(state)
         return module
@@ -136,6 +137,17 @@ def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: st
     summary = str(first_error).strip().splitlines()
     detail = "; ".join(line.strip() for line in summary[:3])
     raise ModelError(f"--weights {weights} do not fit --model {source}: {detail}") from first_error
+
+
+def _keeping_metadata(state: dict, loaded: dict) -> dict:
+    """`state` with the `_metadata` of the state_dict it came from: the module versions by which torchvision's
+    classes read older layouts (mnasnet's v1 stem, ViT's old keys), as torchvision's own loading keeps them."""
+    metadata = getattr(loaded, "_metadata", None)
+    if metadata is None:
+        return state
+    kept = OrderedDict(state)
+    kept._metadata = metadata
+    return kept
 
 
 def _classifier_classes(state: dict) -> int | None:

@@ -220,9 +220,22 @@ def one_thread():
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", SLOW_WEIGHTS, ids=enum_name)
 def test_logits_equal_torchvisions_build_fed_by_the_enums_transforms(torch_home, one_thread, weights):
+    _assert_logits_equal(torch_home, weights)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", [torchvision.models.MNASNet0_5_Weights.IMAGENET1K_V1,
+                                     torchvision.models.ViT_B_32_Weights.IMAGENET1K_V1], ids=enum_name)
+def test_files_in_layouts_torchvisions_classes_still_load_give_the_same_logits(torch_home, one_thread, weights):
+    """mnasnet's version-1 stem is chosen by the file's metadata, the old ViT keys by its lack: our load must keep
+    what torchvision's keeps."""
+    _assert_logits_equal(torch_home, weights, legacy_format=True)
+
+
+def _assert_logits_equal(torch_home: str, weights, **seeding) -> None:
     model = MODEL_OF[weights]
     inputs = _transformed(weights, PHOTOS)
-    seed_weights(torch_home, model, weights.name, calibration=inputs)
+    seed_weights(torch_home, model, weights.name, calibration=inputs, **seeding)
     # The product's path: the driver resolves the name (resolve_endpoint's preprocessing, without its probe
     # forward), the sidecar builds the module from the shipped file and the enum.
     spec = ModelSpec(model, weights=enum_name(weights))
