@@ -160,8 +160,9 @@ def test_weights_of_models_that_are_not_our_classifiers_are_refused_before_any_d
 # 2-core machine at 18:04 UTC, niced, with a load of ~3.5 from other work).
 SLOW_MAX_GFLOPS = 1.0
 SLOW_MAX_PARAMS = 12_000_000
-# Families with no enum under the bounds: their smallest member (swin_v2_t for swin: the 260/256 preprocessing
-# and V2 attention), so each builder's family is run once. resnet18 stands for resnet/resnext/wide_resnet.
+# One member of each family (torchvision builder module) with no enum under the bounds, and of efficientnet_v2
+# (fused blocks, crop 384): the smallest, but swin_v2_t rather than swin_t (its V2 attention and 260/256
+# preprocessing); resnet18 stands for resnet/resnext/wide_resnet, inception_v3 brings its 342/299.
 SLOW_FAMILY_REPRESENTATIVES = ("Swin_V2_T_Weights.IMAGENET1K_V1", "ViT_B_32_Weights.IMAGENET1K_V1",
                                "MaxVit_T_Weights.IMAGENET1K_V1", "ConvNeXt_Tiny_Weights.IMAGENET1K_V1",
                                "EfficientNet_V2_S_Weights.IMAGENET1K_V1", "ResNet18_Weights.IMAGENET1K_V1",
