@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
+from tests.loopback import free_port, listening
 from tests.sidecar_harness import sidecar_pids, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,16 +24,6 @@ START_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 30
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class ConnectServer:
@@ -41,7 +31,7 @@ class ConnectServer:
         import pyspark
 
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"sc://127.0.0.1:{self.port}"
         home = os.path.dirname(pyspark.__file__)
         self.log_path = os.path.join(root, "connect-server.log")
@@ -67,7 +57,7 @@ class ConnectServer:
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not _listening(self.port):
+        while not listening(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(f"the Connect server did not start; its log:\n{self.log()[-3000:]}")
             time.sleep(0.5)

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 
 from spark_cnn.models.digits import DIGITS_FACTORY
 from tests.e2e.conftest import JOB_TIMEOUT_S
+from tests.loopback import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -25,11 +25,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Starting a JVM on a busy 2-core machine takes ~10 s; a cluster not up in this time is not coming up.
 CLUSTER_START_TIMEOUT_S = 90
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _spark_bin(name: str) -> str:
@@ -67,7 +62,7 @@ class Cluster:
 
     def __init__(self, root: str, workers: int):
         self.root, self.workers = root, workers
-        self.port, self.ui_port = _free_port(), _free_port()
+        self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
         self.env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "localhost",
