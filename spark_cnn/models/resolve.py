@@ -10,16 +10,19 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import DEFAULT_TOP_K, Endpoint, ModelSpec, file_sha256
 from spark_cnn.models.weights import BUILTIN, FILE, NAME, RANDOM, ResolvedWeights, weights_kind
 
-# Characters of a weights file's SHA-256 in its label (as the shipped copies' names use).
-LABEL_HASH_CHARS = 16
-
 
 @dataclass(frozen=True)
 class ResolvedModel:
+    """What the driver learned of a model: the endpoint the sidecars load, and the sizes its outputs have."""
+
     endpoint: Endpoint
     num_classes: int
     embedding_dim: int | None
     weights: ResolvedWeights = ResolvedWeights(file=None, label=BUILTIN)
+
+
+# Characters of a weights file's SHA-256 in its label (as the shipped copies' names use).
+LABEL_HASH_CHARS = 16
 
 
 def resolve_weights(spec: ModelSpec) -> ResolvedWeights:

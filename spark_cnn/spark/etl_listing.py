@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from spark_cnn.spark.listing import is_hidden, list_objects, matches_glob, walk_files
-from spark_cnn.spark.storage import local_path
+from spark_cnn.spark.listing import list_objects, walk_files
+from spark_cnn.spark.storage import hadoop_files, local_path
 from spark_cnn.task.object_store import StorageOptions
 
 
@@ -35,17 +35,7 @@ def list_input(spark: SparkSession, input_uri: str, glob: str | None,
         return list_local(local, glob)
     if storage is not None:
         return [ListedFile(e.path, e.size, e.mtime_ms) for e in list_objects(input_uri, storage, glob=glob)]
-    jvm = spark.sparkContext._jvm
-    root = jvm.org.apache.hadoop.fs.Path(input_uri)
-    files = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(root, True)
-    found = []
-    while files.hasNext():
-        status = files.next()
-        name = status.getPath().toString()
-        relative = name[len(root.toString()):].strip("/").split("/")
-        if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
-            found.append(ListedFile(name, int(status.getLen()), int(status.getModificationTime())))
-    return found
+    return [ListedFile(path, size, mtime_ms) for path, size, mtime_ms in hadoop_files(spark, input_uri, glob)]
 
 
 def list_local(folder: str, glob: str | None) -> list[ListedFile]:

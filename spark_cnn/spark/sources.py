@@ -32,7 +32,7 @@ from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
 from spark_cnn.spark.listing import Entry, is_hidden, list_objects, matches_glob, pack_partitions, walk_files
 from spark_cnn.spark.session import is_connect
-from spark_cnn.spark.storage import ArrowFS, local_path
+from spark_cnn.spark.storage import ArrowFS, hadoop_files, local_path
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
 
 IMAGE_ROW_SCHEMA = "path string, content binary"
@@ -233,19 +233,8 @@ def empty_files(spark: SparkSession, input_uri: str, *, glob: str | None = None)
     local = local_path(input_uri)
     if local is not None:  # fast path: one stat per file, no JVM round trips
         return [spark_path(e.path) for e in walk_files(local, glob=glob) if e.error is None and e.size == 0]
-    jvm = spark.sparkContext._jvm
     # Other filesystems: Hadoop's recursive listing, one JVM call per file (slow for millions of files).
-    path = jvm.org.apache.hadoop.fs.Path(input_uri)
-    files = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(path, True)
-    found = []
-    while files.hasNext():
-        status = files.next()
-        if status.getLen() == 0:
-            name = status.getPath().toString()
-            relative = name[len(path.toString()):].strip("/").split("/")
-            if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
-                found.append(name)
-    return found
+    return [path for path, size, _ in hadoop_files(spark, input_uri, glob) if size == 0]
 
 
 def spark_path(local: str) -> str:

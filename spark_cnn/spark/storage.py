@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Iterator
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
 from spark_cnn.errors import InputError
+from spark_cnn.spark.listing import is_hidden, matches_glob
 from spark_cnn.spark.session import is_connect
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, filesystem, is_store_uri, scheme_of, storage_error
 
@@ -110,6 +112,21 @@ class HadoopFS:
 # What Hadoop says when no FileSystem class serves a scheme: none is configured (gs:, abfs: without their
 # connector), or the configured one is not on the classpath (s3a: without hadoop-aws).
 _MISSING_FS = ("UnsupportedFileSystemException", "No FileSystem for scheme", "ClassNotFoundException")
+
+
+def hadoop_files(spark: SparkSession, input_uri: str, glob: str | None = None) -> Iterator[tuple[str, int, int]]:
+    """(path, size, mtime_ms) of every visible file under `input_uri` through Hadoop's recursive listing
+    (Spark's hidden-name rule; names matching `glob`), paths as Spark writes them. One JVM call per file: the
+    slow path, for filesystems neither local nor read through pyarrow.fs."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(input_uri)
+    files = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).listFiles(root, True)
+    while files.hasNext():
+        status = files.next()
+        name = status.getPath().toString()
+        relative = name[len(root.toString()):].strip("/").split("/")
+        if not any(is_hidden(part) for part in relative) and matches_glob(relative[-1], glob):
+            yield name, int(status.getLen()), int(status.getModificationTime())
 
 
 def _missing_filesystem(error: Exception) -> bool:

@@ -70,6 +70,8 @@ CONNECTION_REQUEST_ID = 0
 
 @dataclass(frozen=True)
 class Frame:
+    """One message as read off the socket; `payload` is JSON or an Arrow IPC stream, by `kind`."""
+
     kind: Kind
     request_id: int
     payload: bytes | memoryview
