@@ -57,6 +57,7 @@ class SidecarBenchConfig:
     measure_s: float = 10.0
     rounds: int = 2
     max_in_flight: int | None = None  # requests per client; None: ROWS_IN_FLIGHT_PER_CLIENT worth of rows
+    image_size: int | None = None  # square input side (resize and crop); None: the model's own
 
     @property
     def requests_in_flight(self) -> int:
@@ -170,15 +171,18 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
     app_id = f"bench-sidecar-{uuid.uuid4().hex[:8]}"
     try:
         torch.manual_seed(0)
+        size = None if cfg.image_size is None else {"resize": cfg.image_size, "crop": cfg.image_size}
         if cfg.model == IDENTITY_MODEL:  # serving alone: a model that costs nearly nothing (bench/tiny.py)
-            endpoint = resolve_endpoint(ModelSpec(IDENTITY_FACTORY)).endpoint
+            endpoint = resolve_endpoint(ModelSpec(IDENTITY_FACTORY, preprocessing=size)).endpoint
         else:
             weights = os.path.join(workdir, f"{cfg.model}.pt")
             torch.save(torchvision.models.get_model(cfg.model, weights=None).state_dict(), weights)
-            endpoint = resolve_endpoint(ModelSpec(cfg.model, weights)).endpoint
+            endpoint = resolve_endpoint(ModelSpec(cfg.model, weights, preprocessing=size)).endpoint
         files = bench_jpegs(BENCH_IMAGES)
         pixels = np.stack([preprocess_pixels(f, endpoint.preprocessing) for f in files])
         images = list(pixels) if cfg.decode == "task" else files
+        # What one image puts on the socket: its pixels, or its file when the sidecar decodes.
+        bytes_per_image = pixels[0].nbytes if cfg.decode == "task" else statistics.mean(len(f) for f in files)
         run = RunOptions(precision=cfg.precision, channels_last=cfg.channels_last, compile=cfg.compile)
         off = replace(run, batch_size=cfg.request_size)
         on = replace(run, batch_size=cfg.batch_size)
@@ -206,6 +210,8 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
             "on_over_off": round(mean["on"] / mean["off"], 3) if mean["off"] else None,
             "on_over_device_only": round(mean["on"] / device_only, 3) if device_only else None,
             "batch_size": on_batch, "machine": machine_info(info.device), "device": info.device,
+            "input_shape": list(pixels.shape[1:]), "bytes_per_image": round(bytes_per_image),
+            "on_gb_per_s": round(mean["on"] * bytes_per_image / 1e9, 3),
             "config": asdict(cfg), "rounds": rounds,
         }
     finally:

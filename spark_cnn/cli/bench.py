@@ -28,6 +28,8 @@ def register(commands) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="off/on alternations (default 2)")
     parser.add_argument("--in-flight", type=int,
                         help="requests each client keeps in flight (default: 64 images' worth)")
+    parser.add_argument("--image-size", type=int,
+                        help="square input side in pixels (resize and crop; default: the model's own, 32 for identity)")
     parser.add_argument("--json", help="write the results here")
     parser.set_defaults(run=run)
 
@@ -37,16 +39,19 @@ def run(args: argparse.Namespace) -> int:
     from spark_cnn.config import parse_batch_size
     from spark_cnn.errors import ConfigError
 
-    if args.clients < 1 or args.request_size < 1 or args.rounds < 1 or args.seconds <= 0:
-        raise ConfigError("--clients, --request-size, --rounds and --seconds must be positive")
+    if args.clients < 1 or args.request_size < 1 or args.rounds < 1 or args.seconds <= 0 or (args.image_size or 1) < 1:
+        raise ConfigError("--clients, --request-size, --rounds, --seconds and --image-size must be positive")
     config = SidecarBenchConfig(
         model=args.model, clients=args.clients, request_size=args.request_size,
         batch_size=parse_batch_size(args.batch_size), device=args.device, decode=args.decode,
         precision=args.precision, channels_last=args.channels_last, compile=args.compile, threads=args.threads,
-        warmup_s=args.warmup, measure_s=args.seconds, rounds=args.rounds, max_in_flight=args.in_flight)
+        warmup_s=args.warmup, measure_s=args.seconds, rounds=args.rounds, max_in_flight=args.in_flight,
+        image_size=args.image_size)
     result = run_sidecar_bench(config)
     print(f"{config.model} on {result['machine']}")
-    print(f"  on           {result['on']:9.1f} img/s  (batch {result['batch_size']})")
+    shape = "x".join(map(str, result["input_shape"]))
+    print(f"  on           {result['on']:9.1f} img/s  (batch {result['batch_size']}; {shape} input, "
+          f"{result['on_gb_per_s']} GB/s into the sidecar)")
     print(f"  off          {result['off']:9.1f} img/s  (batch {config.request_size})")
     print(f"  device_only  {result['device_only']:9.1f} img/s")
     print(f"  on/off {result['on_over_off']}x   on/device_only {result['on_over_device_only']}")

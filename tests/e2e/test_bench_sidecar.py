@@ -25,6 +25,8 @@ def test_bench_sidecar_reports_on_off_and_device_only(spark_cnn, tmp_path):
     data = json.loads(out.read_text())
     assert data["on"] > 0 and data["off"] > 0 and data["device_only"] > 0
     assert data["batch_size"] in (1, 2, 4, 8, 16, 32, 64) and data["device"] == "cpu"
+    assert data["input_shape"] == [224, 224, 3] and data["bytes_per_image"] == 224 * 224 * 3
+    assert data["on_gb_per_s"] == round(data["on"] * 224 * 224 * 3 / 1e9, 3)
     modes = {r["mode"]: r for r in data["rounds"]}
     assert modes["off"]["mean_batch_size"] == 1.0  # each request of one image ran alone
     assert modes["on"]["mean_batch_size"] > 1.0    # requests of two clients were merged
