@@ -116,6 +116,7 @@ def test_cpu_clock_times_the_computing_thread(tmp_path):
         calibrate("cpu", threads=2, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="cpu")
 
 
+@pytest.mark.slow  # calibrates, then measures in a child process
 def test_isolated_validation_reports_the_measuring_process_error_as_its_own(digits_cost_and_profile):
     # the worker builds the model by name: its ModelError crosses the process boundary as a ModelError
     _, profile = digits_cost_and_profile
