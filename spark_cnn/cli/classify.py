@@ -122,6 +122,9 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REPLY_TIMEOUT_S,
                      metavar="SECONDS", help="a sidecar that does not answer a request for this long is stopped "
                                              f"and the task retried (default: {REPLY_TIMEOUT_S:g})")
+    run.add_argument("--device-profile", metavar="FILE",
+                     help="a device profile exported with `spark-cnn profile --export` (on a host of the executors' "
+                          "device): the sidecars start their batch size from it instead of their own cached profile")
     add_on_error(run)
     add_decode_limits(run)
     out = parser.add_argument_group("output")
