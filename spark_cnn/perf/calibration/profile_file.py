@@ -53,8 +53,9 @@ def read_profile_text(text: str, *, source: str = "device profile"):
                           f"version {PROFILE_VERSION}: {EXPORT_HINT} with this version")
     try:
         return DeviceProfile(**data)
-    except (TypeError, ValueError, AttributeError) as e:
-        raise ConfigError(f"{source} is not a valid device profile ({type(e).__name__}: {e}); {EXPORT_HINT}") from None
+    except (ConfigError, TypeError, ValueError, AttributeError) as e:
+        why = str(e) if isinstance(e, ConfigError) else f"{type(e).__name__}: {e}"
+        raise ConfigError(f"{source} is not a valid device profile ({why}); {EXPORT_HINT}") from None
 
 
 def read_profile_file(path: str):
