@@ -227,15 +227,16 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
     bottleneck = min(limits, key=limits.get)
     per_executor = limits[bottleneck]
     rate = executors * per_executor
-    if bottleneck == "cpu":
+    core_time = None
+    if not profile.is_cuda:  # where the cores' time per image goes
         share = compute_core_ms / (profile.decode_ms + compute_core_ms)
-        bottleneck = f"cpu ({100 * share:.0f}% of each image's core time computes, {100 * (1 - share):.0f}% decodes)"
+        core_time = {"compute": round(share, 3), "decode": round(1 - share, 3)}
     return {"model": spec.source, "weights": weights, "device": profile.key, "device_name": profile.device_name,
             "profile": _profile_origin(profile, device_profile), "images": images, "executors": executors,
             "cores_per_executor": cores, "batch_size": choice.batch_size, "decode": decode.place,
             "decode_why": decode.why,
             "stages_images_per_s_per_executor": {k: round(v, 1) for k, v in stages.items()},
-            "bottleneck": bottleneck, "images_per_s_per_executor": round(per_executor, 1),
+            "bottleneck": bottleneck, "core_time_share": core_time, "images_per_s_per_executor": round(per_executor, 1),
             "images_per_s": round(rate, 1), "wall_s": round(images / rate, 1)}
 
 
@@ -267,12 +268,17 @@ def trust_line(origin: dict) -> str:
 def plan_report(plan: dict) -> str:
     stages = ", ".join(f"{k.replace('_', ' ')} {v} img/s" for k, v in plan["stages_images_per_s_per_executor"].items())
     weights = f" ({plan['weights']} weights)" if plan.get("weights") else ""
+    bottleneck = plan["bottleneck"]
+    if plan.get("core_time_share"):
+        share = plan["core_time_share"]
+        bottleneck += (f" (the executor's cores, shared: {100 * share['compute']:.0f}% of each image's core time "
+                       f"computes, {100 * share['decode']:.0f}% decodes)")
     return (f"{plan['model']}{weights} on {plan['executors']} executor(s) x {plan['cores_per_executor']} cores "
             f"({plan['device_name']})\n"
             f"  {trust_line(plan['profile'])}\n"
             f"  batch size {plan['batch_size']}; decode in {plan['decode']} ({plan['decode_why']})\n"
             f"  per executor: {stages}\n"
-            f"  bottleneck: {plan['bottleneck']}\n"
+            f"  bottleneck: {bottleneck}\n"
             f"  expected: {plan['images_per_s_per_executor']} img/s per executor, {plan['images_per_s']} img/s in "
             f"all ({plan['executors']} x); {plan['images']} images in about {plan['wall_s']} s (Spark start-up and "
             "output not included)")

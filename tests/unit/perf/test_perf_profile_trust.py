@@ -128,7 +128,7 @@ def test_plan_from_an_exported_cpu_profile_scales_with_the_cores_and_reports_per
     for plan in (one, eight):
         assert plan["images_per_s"] == pytest.approx(3 * plan["images_per_s_per_executor"], rel=0.01)
         assert plan["decode"] == "task" and plan["batch_size"] >= 1 and plan["profile"]["file"] == path
-        assert plan["bottleneck"].startswith("cpu")
+        assert plan["bottleneck"] == "cpu" and sum(plan["core_time_share"].values()) == pytest.approx(1.0)
     # the cores' time per image is decode + compute: neither alone is the rate
     stages = one["stages_images_per_s_per_executor"]
     assert 1 / stages["cpu"] == pytest.approx(1 / stages["decode_alone"] + 1 / stages["compute_alone"], rel=0.02)
@@ -254,3 +254,16 @@ def test_a_profile_marked_stale_is_not_a_start_point_and_is_measured_again(tmp_p
     assert stale_reason(path) is None and startpoint.cached_profile("cpu", 1, cache).created == fresh.created
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
     assert real_calibrate("cpu", threads=1, cache_dir=cache).created == fresh.created  # not stale: the cache
+
+
+def test_a_sidecar_starts_from_the_jobs_profile_when_it_is_for_its_kind_of_device(tmp_path, monkeypatch):
+    from spark_cnn.models.digits import DigitsCNN
+
+    monkeypatch.setenv(startpoint.CACHE_DIR_ENV, str(tmp_path))  # an empty cache: only the job's profile
+    cpu, gpu = synthetic_profile().to_json(), synthetic_profile(device="cuda:0").to_json()
+    start = startpoint.predicted_start(DigitsCNN(), (3, 32, 32), "cpu", threads=1, max_size=64, profile_json=cpu)
+    assert start is not None and start[2] == "job" and start[0] in start[1] and set(start[1]) == {1, 2, 4, 8, 16,
+                                                                                                  32, 64}
+    # a GPU's profile says nothing about this CPU: the (empty) cache decides
+    assert startpoint.predicted_start(DigitsCNN(), (3, 32, 32), "cpu", threads=1, max_size=64,
+                                      profile_json=gpu) is None
