@@ -226,8 +226,15 @@ def sidecar_table(sidecars: list[dict]) -> list[str]:
     rows = [tuple(str(s.get(k, "")) for k in ("executor", "host", "pid", "device", "requests", "batches",
                                               "mean_batch_size")) for s in sidecars]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in (header, *rows)]
+    table = ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in (header, *rows)]
+    # A sidecar whose batches disagreed with the device profile for long enough says so, and what it did.
+    for s in sidecars:
+        check = s.get("prediction") or {}
+        if check.get("message"):
+            action = f"; {check['action']}" if check.get("action") else ""
+            table.append(f"  executor {s.get('executor')}: {check['message']}{action}")
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
