@@ -16,9 +16,9 @@ from dataclasses import dataclass
 __all__ = ["BUSY_OTHERS_SHARE", "BUSY_STEAL_SHARE", "LoadSnapshot", "describe_load", "load_between", "snapshot",
            "ticks_per_second"]
 
-# Other processes using over a quarter of the host's CPU while calibration ran: on a host with k cores that is
-# k/4 cores taken from the benchmarks' threads, their caches and memory bandwidth, enough to slow them by more
-# than the model's error (docs/perf-model.md, "A calibration to trust").
+# Other processes using over a quarter of the host's CPU while calibration ran: k/4 of a k-core host's cores,
+# caches and memory bandwidth taken from the benchmarks, the order of a Spark job's decoding tasks beside them
+# (the busy-host calibration of issue 19 ran beside one).
 BUSY_OTHERS_SHARE = 0.25
 # The hypervisor taking over 5% of the CPU: the guest's timings then depend on its neighbours.
 BUSY_STEAL_SHARE = 0.05

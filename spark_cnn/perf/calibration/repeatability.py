@@ -20,9 +20,10 @@ from spark_cnn.perf.calibration.harness import Bench, Timing
 __all__ = ["ALLOW_NOISY_ENV", "ATTEMPTS", "REPEAT_BOUND", "NoisyCalibration", "Repeatability", "SampledBench",
            "allow_noisy_default", "judge", "steady"]
 
-# The median disagreement between a benchmark's two minima that a calibration may show: on the quiet 2-core
-# development host repeated samples agreed within a few per cent (docs/perf-model.md, "A calibration to
-# trust"), while a busy one (a Spark job on the same cores) shifted them by tens of per cent.
+# The median disagreement between a benchmark's two minima that a calibration may show. Minima are robust: on
+# the shared 2-core development host at load average 12 the median stayed at 5-6% while single points moved up
+# to 80% (docs/perf-model.md, "A calibration to trust"); twice that median means most benchmarks moved, i.e.
+# the load changed during the run. A load that stays high slows both passes alike: host_load records it.
 REPEAT_BOUND = 0.10
 # Benchmarks kept for the repeat: enough for a median that one outlier does not move; few enough to take a
 # second or two.
