@@ -344,7 +344,7 @@ class SidecarServer:
         return "the cached profile could not be marked stale (gone, or its folder is read-only)"
 
     def auto_decode(self, service: ModelService) -> str:
-        """Where `--decode auto` decodes for this service, decided once (sidecar/placement.py)."""
+        """Where `--decode auto` decodes for this service, decided once (perf/placement.py)."""
         with self._services_lock:
             choice = self._decode_choices.get(id(service))
             if choice is None:

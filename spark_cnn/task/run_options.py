@@ -8,7 +8,7 @@ from spark_cnn.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DECODE_PLACES = ("task", "sidecar", "gpu")
-# `auto`: the sidecar picks a place from its device, the decode cost and the model's rate (sidecar/placement.py)
+# `auto`: the sidecar picks a place from its device, the decode cost and the model's rate (perf/placement.py)
 DECODE_CHOICES = ("auto", *DECODE_PLACES)
 
 
