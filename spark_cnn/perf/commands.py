@@ -122,7 +122,9 @@ def export_device(device: str, path: str, *, threads: int | None = None, refresh
     """Calibrate `device` (or take its cached profile) and write it to `path` for `plan --device-profile` and
     jobs' `--device-profile` on other hosts. Returns what was written: {"file", "device", "device_name", ...}."""
     from spark_cnn.perf.calibration import calibrate, export_profile
+    from spark_cnn.perf.calibration.profile_file import export_path
 
+    path = export_path(path)  # a missing folder stops before the calibration, not after
     profile = calibrate(device, threads=threads, refresh=refresh, allow_noisy=allow_noisy, **_budget(calibration_s))
     written = export_profile(profile, path)
     return {"device": profile.key, "device_name": profile.device_name, **_profile_origin(profile, written)}

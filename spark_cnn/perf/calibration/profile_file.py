@@ -18,19 +18,25 @@ from datetime import datetime, timezone
 
 from spark_cnn.errors import ConfigError
 
-__all__ = ["STALE_SUFFIX", "clear_stale", "export_profile", "mark_stale", "read_profile_file", "read_profile_text",
-           "stale_reason"]
+__all__ = ["STALE_SUFFIX", "clear_stale", "export_path", "export_profile", "mark_stale", "read_profile_file",
+           "read_profile_text", "stale_reason"]
 
 STALE_SUFFIX = ".stale"
 EXPORT_HINT = "export one on the device's host with `spark-cnn profile --device DEVICE --export FILE`"
 
 
-def export_profile(profile, path: str) -> str:
-    """Write `profile` (a DeviceProfile) to `path` (atomically); returns the absolute path."""
+def export_path(path: str) -> str:
+    """`path` made absolute, once its folder is known to exist (checked before a calibration is spent on it)."""
     path = os.path.abspath(os.path.expanduser(path))
     folder = os.path.dirname(path)
     if not os.path.isdir(folder):
         raise ConfigError(f"--export {path}: the folder {folder} does not exist; create it or export elsewhere")
+    return path
+
+
+def export_profile(profile, path: str) -> str:
+    """Write `profile` (a DeviceProfile) to `path` (atomically); returns the absolute path."""
+    path = export_path(path)
     partial = f"{path}.{os.getpid()}.tmp"
     with open(partial, "w") as f:
         f.write(profile.to_json())

@@ -267,3 +267,8 @@ def test_a_sidecar_starts_from_the_jobs_profile_when_it_is_for_its_kind_of_devic
     # a GPU's profile says nothing about this CPU: the (empty) cache decides
     assert startpoint.predicted_start(DigitsCNN(), (3, 32, 32), "cpu", threads=1, max_size=64,
                                       profile_json=gpu) is None
+
+
+def test_an_export_to_a_missing_folder_stops_before_calibrating(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):  # the autouse fixture fails any calibration
+        commands.export_device("cpu", str(tmp_path / "no" / "device.json"))
