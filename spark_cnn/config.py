@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -103,6 +104,7 @@ class InferenceOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs and is replaced
+    device_profile: str | None = None  # an exported device profile (file) the sidecars start from
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
@@ -143,7 +145,26 @@ class InferenceOptions:
     def run_options(self) -> RunOptions:
         """How the sidecar runs the model (sent in the HELLO)."""
         return RunOptions(batch_size=self.batch_size, precision=self.precision, channels_last=self.channels_last,
-                          compile=self.compile)
+                          compile=self.compile, device_profile=device_profile_text(self.device_profile))
+
+
+def device_profile_text(path: str | None) -> str | None:
+    """The JSON of the device profile exported to `path` (None for None), checked: ConfigError (one line) when
+    it is missing, malformed or of another profile version. Read once per file version."""
+    if path is None:
+        return None
+    try:
+        stamp = os.stat(os.path.expanduser(path)).st_mtime_ns
+    except OSError:
+        stamp = None  # read_profile_file says what is wrong
+    return _checked_profile_text(path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _checked_profile_text(path: str, stamp: int | None) -> str:
+    from spark_cnn.perf.calibration import read_profile_file
+
+    return read_profile_file(path).to_json()
 
 
 # How pyspark names a Spark Connect server: `sc://host:port[/;params]`, or `local[...]` for one it starts itself.

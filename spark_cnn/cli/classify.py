@@ -122,6 +122,9 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REPLY_TIMEOUT_S,
                      metavar="SECONDS", help="a sidecar that does not answer a request for this long is stopped "
                                              f"and the task retried (default: {REPLY_TIMEOUT_S:g})")
+    run.add_argument("--device-profile", metavar="FILE",
+                     help="a device profile exported with `spark-cnn profile --export` (on a host of the executors' "
+                          "device): the sidecars start their batch size from it instead of their own cached profile")
     add_on_error(run)
     add_decode_limits(run)
     out = parser.add_argument_group("output")
@@ -223,8 +226,15 @@ def sidecar_table(sidecars: list[dict]) -> list[str]:
     rows = [tuple(str(s.get(k, "")) for k in ("executor", "host", "pid", "device", "requests", "batches",
                                               "mean_batch_size")) for s in sidecars]
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in (header, *rows)]
+    table = ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+             for r in (header, *rows)]
+    # A sidecar whose batches disagreed with the device profile for long enough says so, and what it did.
+    for s in sidecars:
+        check = s.get("prediction") or {}
+        if check.get("message"):
+            action = f"; {check['action']}" if check.get("action") else ""
+            table.append(f"  executor {s.get('executor')}: {check['message']}{action}")
+    return table
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ def _model_and_cost(spec: ModelSpec):
 def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                   validate: bool = False, threads: int | None = None, tuning: str = "performance",
                   memory_budget_bytes: int | None = None, refresh: bool = False,
-                  calibration_s: float | None = None) -> dict:
+                  calibration_s: float | None = None, allow_noisy: bool | None = None) -> dict:
     """The profile JSON: {"model", "device", "points": [{batch_size, predicted_ms, measured_ms?}],
     "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's reasoning and, with `validate`, the
     measured best batch and how close the pick came to it."""
@@ -46,7 +46,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {batch_sizes}: expected positive integers")
     module, shape, cost, weights = _model_and_cost(spec)
-    profile = calibrate(device, threads=threads, refresh=refresh, **_budget(calibration_s))
+    profile = calibrate(device, threads=threads, refresh=refresh, allow_noisy=allow_noisy, **_budget(calibration_s))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b), predict_peak_memory_bytes(cost, b))
              for b in sorted(set(batch_sizes))]
     choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes)
@@ -62,7 +62,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
         "layers": [{"name": layer.name, "op": layer.op, "mflops": round(layer.flops_at(choice.batch_size) / 1e6, 2),
                     "mib": round(layer.bytes_at(choice.batch_size) / MIB, 2), "predicted_ms": round(ms, 3),
                     "bound": bound} for layer, ms, bound in layers[:TOP_LAYERS]],
-        "uncosted": list(cost.uncosted),
+        "uncosted": list(cost.uncosted), "calibration": _profile_origin(profile, None),
     }
     if validate:
         from spark_cnn.perf.validate import validate as measure
@@ -89,6 +89,7 @@ def profile_report(result: dict) -> str:
     weights = f" ({result['weights']} weights)" if result.get("weights") else ""
     lines = [f"{result['model']}{weights} on {result['device']} ({result['threads']} threads), input "
              f"{'x'.join(map(str, result['input_shape']))}, {result['gflops_per_image']} GFLOPs per image",
+             trust_line(result["calibration"]),
              f"costliest layers at batch {result['chosen_batch_size']}:",
              f"  {'layer':<34} {'op':<18} {'MFLOPs':>10} {'MiB':>8} {'pred ms':>9}  bound"]
     for row in result["layers"]:
@@ -114,6 +115,24 @@ def profile_report(result: dict) -> str:
                      f"{result['measured_best_batch_size']}, the pick reaches "
                      f"{100 * result['pick_fraction_of_best']:.1f}% of it; load {result['load']}")
     return "\n".join(lines)
+
+
+def export_device(device: str, path: str, *, threads: int | None = None, refresh: bool = False,
+                  calibration_s: float | None = None, allow_noisy: bool | None = None) -> dict:
+    """Calibrate `device` (or take its cached profile) and write it to `path` for `plan --device-profile` and
+    jobs' `--device-profile` on other hosts. Returns what was written: {"file", "device", "device_name", ...}."""
+    from spark_cnn.perf.calibration import calibrate, export_profile
+    from spark_cnn.perf.calibration.profile_file import export_path
+
+    path = export_path(path)  # a missing folder stops before the calibration, not after
+    profile = calibrate(device, threads=threads, refresh=refresh, allow_noisy=allow_noisy, **_budget(calibration_s))
+    written = export_profile(profile, path)
+    return {"device": profile.key, "device_name": profile.device_name, **_profile_origin(profile, written)}
+
+
+def export_report(exported: dict) -> str:
+    return f"exported the {exported['device_name']} profile ({exported['device']}) to {exported['file']}\n" \
+           f"  {trust_line(exported)}"
 
 
 def plot_profile(result: dict, path: str) -> None:
@@ -149,44 +168,119 @@ def _budget(calibration_s: float | None) -> dict:
     return options
 
 
-def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None = None, device: str = "cpu",
-             threads: int | None = None, tuning: str = "performance", calibration_s: float | None = None) -> dict:
-    """Predicted wall time of classifying `images` on `executors` executors of `cores` cores each.
+def _plan_profile(device: str, threads: int | None, calibration_s: float | None, device_profile: str | None,
+                  allow_noisy: bool | None):
+    from spark_cnn.perf.calibration import calibrate, read_profile_file
 
-    Per executor the pipeline runs at the slowest of its stages: decoding in the tasks (the cores left to
-    them; on CUDA, every core), the host-to-device copy (CUDA) and the sidecar's compute at the tuned batch.
+    if device_profile is not None:
+        return read_profile_file(device_profile)
+    return calibrate(device, threads=threads, allow_noisy=allow_noisy, **_budget(calibration_s))
+
+
+def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None = None, device: str = "cpu",
+             threads: int | None = None, tuning: str = "performance", calibration_s: float | None = None,
+             device_profile: str | None = None, allow_noisy: bool | None = None) -> dict:
+    """Predicted wall time of classifying `images` on `executors` executors of `cores` cores each, from this
+    host's calibration of `device`, or from `device_profile`, a profile exported on another host (no device is
+    needed here then).
+
+    Per executor the pipeline runs at the slowest of its stages, with the batch size the tuner picks:
+
+    - CPU device: the executor's cores decode (Spark tasks) and compute (the sidecar's threads) side by side, so
+      the rate is the cores' time per image, decode + compute, spread over every core (`cpu`); the profile's
+      per-core speed at its thread count is assumed on every core.
+    - CUDA device: the GPU computes at the tuned batch (`compute`); images are decoded where the sidecar's
+      `--decode auto` would put them (perf/placement.py): by the executor's cores (`decode`) when they outrun
+      the device with headroom, else on the GPU; the host-to-device copy of uint8 pixels (`transfer`).
+
     Spark's start-up and the output write are not modelled.
     """
     import os
 
-    from spark_cnn.perf.calibration import calibrate
+    from spark_cnn.perf.placement import choose_decode_place
     from spark_cnn.perf.timemodel import predict_batch_ms
 
     if images < 1 or executors < 1:
         raise ConfigError("--images and --executors must be positive")
-    cores = cores or os.cpu_count() or 1
+    if cores is not None and cores < 1:
+        raise ConfigError(f"--cores {cores}: expected a positive number of cores per executor")
+    profile = _plan_profile(device, threads, calibration_s, device_profile, allow_noisy)
+    cores = cores or (profile.load.get("cores") if device_profile else None) or os.cpu_count() or 1
     _, shape, cost, weights = _model_and_cost(spec)
-    profile = calibrate(device, threads=threads, **_budget(calibration_s))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in DEFAULT_BATCH_SIZES]
     choice = choose_batch_size(curve, mode=tuning)
-    decode_cores = cores if profile.is_cuda else max(1, cores - profile.threads)
-    stages = {"decode": decode_cores * 1000.0 / profile.decode_ms, "compute": choice.images_per_s}
-    if profile.is_cuda and profile.h2d:
-        nbytes, us = profile.h2d[-1]
-        stages["transfer"] = 1e6 * nbytes / us / math.prod(shape)  # uint8 pixels per image
-    bottleneck = min(stages, key=stages.get)
-    rate = executors * stages[bottleneck]
-    return {"model": spec.source, "weights": weights, "device": profile.key, "images": images, "executors": executors,
-            "cores_per_executor": cores, "batch_size": choice.batch_size,
+    decode_per_core = 1000.0 / profile.decode_ms
+    if profile.is_cuda:
+        decode = choose_decode_place("cuda", gpu_decode_works=True, cores=cores, decode_ms=profile.decode_ms,
+                                     device_images_per_s=choice.images_per_s)
+        stages = {"compute": choice.images_per_s}
+        if decode.place == "task":
+            stages["decode"] = cores * decode_per_core
+        if profile.h2d:
+            nbytes, us = profile.h2d[-1]
+            stages["transfer"] = 1e6 * nbytes / us / math.prod(shape)  # uint8 pixels per image
+    else:
+        decode = choose_decode_place("cpu", gpu_decode_works=False, cores=cores, decode_ms=profile.decode_ms,
+                                     device_images_per_s=choice.images_per_s)
+        compute_core_ms = profile.threads * 1000.0 / choice.images_per_s  # core-milliseconds per image
+        stages = {"cpu": cores * 1000.0 / (profile.decode_ms + compute_core_ms),
+                  "decode_alone": cores * decode_per_core, "compute_alone": cores * 1000.0 / compute_core_ms}
+    limits = {k: v for k, v in stages.items() if not k.endswith("_alone")}
+    bottleneck = min(limits, key=limits.get)
+    per_executor = limits[bottleneck]
+    rate = executors * per_executor
+    core_time = None
+    if not profile.is_cuda:  # where the cores' time per image goes
+        share = compute_core_ms / (profile.decode_ms + compute_core_ms)
+        core_time = {"compute": round(share, 3), "decode": round(1 - share, 3)}
+    return {"model": spec.source, "weights": weights, "device": profile.key, "device_name": profile.device_name,
+            "profile": _profile_origin(profile, device_profile), "images": images, "executors": executors,
+            "cores_per_executor": cores, "batch_size": choice.batch_size, "decode": decode.place,
+            "decode_why": decode.why,
             "stages_images_per_s_per_executor": {k: round(v, 1) for k, v in stages.items()},
-            "bottleneck": bottleneck, "images_per_s": round(rate, 1), "wall_s": round(images / rate, 1)}
+            "bottleneck": bottleneck, "core_time_share": core_time, "images_per_s_per_executor": round(per_executor, 1),
+            "images_per_s": round(rate, 1), "wall_s": round(images / rate, 1)}
+
+
+def _profile_origin(profile, path: str | None) -> dict:
+    """Where a plan's profile came from and how far to trust it: file or cache, host, date, load, repeatability."""
+    from spark_cnn.perf.calibration import describe_load
+
+    return {"file": path, "host": profile.host or None, "created": profile.created,
+            "torch_version": profile.torch_version, "version": profile.version, "threads": profile.threads,
+            "load": dict(profile.load), "load_summary": describe_load(profile.load),
+            "repeatability": dict(profile.repeatability)}
+
+
+def trust_line(origin: dict) -> str:
+    """One line: which calibration, where and when, how busy its host was, how well it repeated."""
+    where = f"from {origin['file']}" if origin.get("file") else "cached"
+    rep = origin.get("repeatability") or {}
+    repeat = (f"repeated within {rep['median_pct']}% (median of {rep['points']}; bound {rep['bound_pct']}%)"
+              if rep.get("points") else "repeatability not recorded")
+    if rep.get("forced"):
+        repeat += ", ACCEPTED ALTHOUGH NOISY"
+    line = (f"calibration {where}: {origin.get('host') or 'unknown host'}, {origin['created']}, torch "
+            f"{origin['torch_version']}, profile v{origin['version']}; {origin['load_summary']}; {repeat}")
+    if (origin.get("load") or {}).get("busy") or rep.get("forced"):
+        line += "\n  warning: predictions from a busy or noisy calibration run slow; recalibrate on a quiet host"
+    return line
 
 
 def plan_report(plan: dict) -> str:
-    stages = ", ".join(f"{k} {v} img/s" for k, v in plan["stages_images_per_s_per_executor"].items())
+    stages = ", ".join(f"{k.replace('_', ' ')} {v} img/s" for k, v in plan["stages_images_per_s_per_executor"].items())
     weights = f" ({plan['weights']} weights)" if plan.get("weights") else ""
+    bottleneck = plan["bottleneck"]
+    if plan.get("core_time_share"):
+        share = plan["core_time_share"]
+        bottleneck += (f" (the executor's cores, shared: {100 * share['compute']:.0f}% of each image's core time "
+                       f"computes, {100 * share['decode']:.0f}% decodes)")
     return (f"{plan['model']}{weights} on {plan['executors']} executor(s) x {plan['cores_per_executor']} cores "
-            f"({plan['device']}), batch {plan['batch_size']}\n"
+            f"({plan['device_name']})\n"
+            f"  {trust_line(plan['profile'])}\n"
+            f"  batch size {plan['batch_size']}; decode in {plan['decode']} ({plan['decode_why']})\n"
             f"  per executor: {stages}\n"
-            f"  bottleneck: {plan['bottleneck']}; {plan['images_per_s']} img/s in all; "
-            f"{plan['images']} images in about {plan['wall_s']} s (Spark start-up and output not included)")
+            f"  bottleneck: {bottleneck}\n"
+            f"  expected: {plan['images_per_s_per_executor']} img/s per executor, {plan['images_per_s']} img/s in "
+            f"all ({plan['executors']} x); {plan['images']} images in about {plan['wall_s']} s (Spark start-up and "
+            "output not included)")

@@ -9,6 +9,7 @@ threads of its ModelService (service.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from spark_cnn.sidecar.batch_decode import decode_on_gpu, decode_on_host, gpu_de
 from spark_cnn.sidecar.fault_injection import injected_start_faults
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
+from spark_cnn.sidecar.prediction_check import FASTER, PredictionCheck
 from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, resolve_device
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.task import protocol
@@ -285,11 +287,15 @@ class SidecarServer:
             if service is None:
                 started = time.perf_counter()
                 runner, loaded = self._registry.get(endpoint, options)
-                tuner = None
+                tuner, check, source = None, None, None
                 if not options.batch_size:
-                    rows, tuner = self._auto_start(runner)
+                    rows, tuner, source = self._auto_start(runner, options.device_profile)
+                    if tuner.predicted:
+                        check = PredictionCheck({b: 1000.0 * b / r for b, r in tuner.predicted.items() if r > 0})
                 service = ModelService(runner, rows, self.stats, tuner=tuner, on_sticky=self.retire,
-                                       compute_workers=cpu_compute_workers(self.device, self.settings.threads))
+                                       compute_workers=cpu_compute_workers(self.device, self.settings.threads),
+                                       prediction=check, on_verdict=functools.partial(self._prediction_verdict,
+                                                                                      source))
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
                          "loaded" if loaded else "serving", endpoint.source, endpoint.fingerprint, self.device,
@@ -301,25 +307,44 @@ class SidecarServer:
         with self._services_lock:
             self._job_services[job] = service
 
-    def _auto_start(self, runner) -> tuple[int, OnlineTuner]:
-        """The analytical model's batch size when this device has a cached profile, else the device default;
-        the tuner corrects either from measured batches."""
+    def _auto_start(self, runner, profile_json: str | None = None) -> tuple[int, OnlineTuner, str | None]:
+        """The analytical model's batch size when this device has a profile (the job's `--device-profile`,
+        else a cached one that is not stale), else the device default; the tuner corrects either from measured
+        batches. The third value says which profile predicted ("job", "cached") or None."""
         max_size = MAX_AUTO_BATCH_ROWS.get(self.device.type, self.auto_batch_rows)
-        start, predicted = self.auto_batch_rows, None
+        start, predicted, source = self.auto_batch_rows, None, None
         if not runner.options.compile:  # tracing a compiled module would compile it again
             try:
                 from spark_cnn.perf.startpoint import predicted_start
 
                 found = predicted_start(runner.predictor.module, (3, *runner.endpoint.preprocessing.pixel_shape[:2]),
-                                        str(self.device), threads=self.settings.threads, max_size=max_size)
+                                        str(self.device), threads=self.settings.threads, max_size=max_size,
+                                        profile_json=profile_json)
                 if found is not None:
-                    start, predicted = found
+                    start, predicted, source = found
             except Exception as e:  # the model is an aid here, never a reason not to serve
                 log.warning("no predicted batch size (%s: %s); starting from %d", type(e).__name__, e, start)
-        return start, OnlineTuner(start, max_size=max(start, max_size), predicted=predicted)
+        return start, OnlineTuner(start, max_size=max(start, max_size), predicted=predicted), source
+
+    def _prediction_verdict(self, source: str | None, verdict: str) -> str:
+        """A service's batches disagreed with the profile for long enough: a cached profile that predicted too
+        slow was calibrated under load, so it is marked stale (the next calibration measures again; sidecars
+        stop starting from it). Returns what was done, for the summary."""
+        if verdict != FASTER:
+            return ("reported only: slower batches can be this job's own load (tasks decoding on the same cores); "
+                    "calibrate on a quiet host to check (spark-cnn profile --recalibrate)")
+        if source != "cached":
+            return "reported only: the job's --device-profile is not this host's cache; export a fresh one"
+        from spark_cnn.perf.startpoint import mark_profile_stale
+
+        reason = f"a job's batches ran faster than it predicted (sidecar pid {os.getpid()})"
+        if mark_profile_stale(str(self.device), self.settings.threads, reason):
+            log.warning("marked the cached device profile stale: the next calibration measures this device again")
+            return "marked the cached device profile stale: the next calibration measures the device again"
+        return "the cached profile could not be marked stale (gone, or its folder is read-only)"
 
     def auto_decode(self, service: ModelService) -> str:
-        """Where `--decode auto` decodes for this service, decided once (sidecar/placement.py)."""
+        """Where `--decode auto` decodes for this service, decided once (perf/placement.py)."""
         with self._services_lock:
             choice = self._decode_choices.get(id(service))
             if choice is None:
@@ -329,11 +354,11 @@ class SidecarServer:
         return choice.place
 
     def _choose_decode(self, service: ModelService):
-        from spark_cnn.perf.startpoint import cached_profile
-        from spark_cnn.sidecar.placement import choose_decode_place
+        from spark_cnn.perf.startpoint import choose_decode_place, start_profile
 
         cuda = self.device.type == "cuda"
-        profile = cached_profile(str(self.device), self.settings.threads) if cuda else None
+        profile = start_profile(str(self.device), self.settings.threads, service.runner.options.device_profile) \
+            if cuda else None
         predicted = service.tuner.predicted.get(service.target_rows) if service.tuner is not None else None
         return choose_decode_place(self.device.type, gpu_decode_works=cuda and gpu_decode_works(self.device),
                                    cores=os.cpu_count() or 1, decode_ms=profile.decode_ms if profile else None,
@@ -348,6 +373,10 @@ class SidecarServer:
             snapshot["batch_size"] = service.target_rows
             if service.tuner is not None:
                 snapshot["tuning"] = service.tuner.summary()
+            if service.prediction is not None:
+                snapshot["prediction"] = {**service.prediction.summary(),
+                                          **({"action": service.prediction_action} if service.prediction_action
+                                             else {})}
         return {"host": socket.gethostname(), "executor": self.settings.executor_id, "pid": os.getpid(),
                 "device": str(self.device), "socket": self.settings.socket_path, **snapshot}
 

@@ -34,6 +34,7 @@ import torch
 from spark_cnn.sidecar.batcher import Slice
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
+from spark_cnn.sidecar.prediction_check import PredictionCheck
 from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, failure_kind, is_out_of_memory
 from spark_cnn.sidecar.work_queue import WorkQueue
@@ -133,8 +134,14 @@ class ModelService:
     def __init__(self, runner: ModelRunner, target_rows: int, stats: JobStats, *,
                  max_delay_s: float = MAX_BATCH_DELAY_S, max_queued_batches: int = MAX_QUEUED_BATCHES,
                  tuner: OnlineTuner | None = None, compute_workers: int = 1,
-                 on_sticky: Callable[[str], None] | None = None):
+                 on_sticky: Callable[[str], None] | None = None, prediction: PredictionCheck | None = None,
+                 on_verdict: Callable[[str], str | None] | None = None):
         self.runner = runner
+        # Measured against predicted batch times; `on_verdict` hears a sustained disagreement once and returns
+        # what was done about it (prediction_action, for the summary).
+        self.prediction = prediction
+        self.on_verdict = on_verdict
+        self.prediction_action: str | None = None
         self.on_sticky = on_sticky  # told, once per failed batch, when the device became unusable
         self.stats = stats
         self.tuner = tuner
@@ -287,6 +294,20 @@ class ModelService:
                         self._fail([s], e, rows=rows)
                 offset += s.rows
             self._tune(rows, elapsed)
+            self._check_prediction(rows, elapsed)
+
+    def _check_prediction(self, rows: int, elapsed_s: float) -> None:
+        check = self.prediction
+        if check is None or check.verdict is not None or rows != self.queue.target_rows:
+            return  # partial batches measure the clients' pace
+        verdict = check.observe(rows, 1000 * elapsed_s)
+        if verdict is not None:
+            log.warning("measured batches disagree with the device profile: %s", check.summary()["message"])
+            if self.on_verdict is not None:
+                try:
+                    self.prediction_action = self.on_verdict(verdict)
+                except Exception as e:  # a report, never a reason to fail the batch
+                    log.warning("could not act on the disagreement (%s: %s)", type(e).__name__, e)
 
     def _tune(self, rows: int, elapsed_s: float) -> None:
         tuner = self.tuner

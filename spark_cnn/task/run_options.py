@@ -8,7 +8,7 @@ from spark_cnn.errors import ConfigError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DECODE_PLACES = ("task", "sidecar", "gpu")
-# `auto`: the sidecar picks a place from its device, the decode cost and the model's rate (sidecar/placement.py)
+# `auto`: the sidecar picks a place from its device, the decode cost and the model's rate (perf/placement.py)
 DECODE_CHOICES = ("auto", *DECODE_PLACES)
 
 
@@ -20,12 +20,20 @@ class RunOptions:
     precision: fp32, bf16, fp16, or auto (fp32 on CPU; on CUDA bf16 where top-1 agrees with fp32 on >= 99% of
     the job's first 256 images). channels_last: NHWC memory layout (None: on for CUDA, where cuDNN prefers it).
     compile: torch.compile the model (opt-in: minutes of compilation for seconds of gain on short jobs).
+    device_profile: an exported device profile's JSON (`--device-profile FILE`, read and checked by the driver),
+    which the sidecar's start point uses instead of its own cache; it does not change the loaded model.
     """
 
     batch_size: int | None = None
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False
+    device_profile: str | None = None
+
+    def __repr__(self) -> str:  # the profile's JSON is tens of KB: name it, do not print it
+        profile = "None" if self.device_profile is None else f"<{len(self.device_profile)} chars>"
+        return (f"RunOptions(batch_size={self.batch_size!r}, precision={self.precision!r}, "
+                f"channels_last={self.channels_last!r}, compile={self.compile!r}, device_profile={profile})")
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)

@@ -56,7 +56,7 @@ class InferencePlan:
     launch: LaunchOptions
     job_id: str
     run_options: RunOptions = DEFAULT_RUN  # how the sidecar runs the model (sent in the HELLO)
-    decode: str = "auto"  # auto | task | sidecar | gpu (auto: the sidecar picks, see sidecar/placement.py)
+    decode: str = "auto"  # auto | task | sidecar | gpu (auto: the sidecar picks, see perf/placement.py)
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
     decode_options: DecodeOptions = DEFAULT_DECODE  # the guard rails, here and in the sidecar (HELLO)

@@ -10,10 +10,12 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_profile_validates_and_plan_uses_the_same_calibration(spark_cnn, tmp_path):
-    out, png = tmp_path / "profile.json", tmp_path / "profile.png"
+def test_profile_validates_exports_and_plan_uses_the_same_calibration_here_and_from_the_file(spark_cnn, tmp_path):
+    out, png, exported = tmp_path / "profile.json", tmp_path / "profile.png", tmp_path / "device.json"
+    # the shared test host is rarely quiet: the repeatability check runs and is recorded, but may not refuse
     result = spark_cnn("profile", "--model", "mobilenet_v3_small", "--batch-sizes", "1,4", "--validate",
-                       "--calibration-seconds", "6", "--json", str(out), "--plot", str(png))
+                       "--calibration-seconds", "6", "--json", str(out), "--plot", str(png), "--export",
+                       str(exported), "--allow-noisy-calibration")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert {"model", "device", "points", "mape", "chosen_batch_size"} <= set(data)
@@ -26,6 +28,11 @@ def test_profile_validates_and_plan_uses_the_same_calibration(spark_cnn, tmp_pat
     assert data["layers"] and data["layers"][0]["predicted_ms"] >= data["layers"][-1]["predicted_ms"]
     assert png.read_bytes().startswith(b"\x89PNG")
     assert "MAPE" in result.stdout and "costliest layers" in result.stdout
+    assert f"to {exported}" in result.stdout and "calibration cached:" in result.stdout
+    device = json.loads(exported.read_text())
+    assert device["key"] == data["device"] and device["host"] and device["torch_version"] and device["version"]
+    assert device["load"]["cores"] >= 1 and 0 <= device["load"]["others_cpu_share"] <= 1
+    assert device["repeatability"]["points"] >= 1 and device["repeatability"]["attempts"] >= 1
 
     plan = spark_cnn("plan", "--model", "mobilenet_v3_small", "--images", "10000", "--executors", "2",
                      "--cores", "4", "--json", str(tmp_path / "plan.json"))
@@ -34,6 +41,21 @@ def test_profile_validates_and_plan_uses_the_same_calibration(spark_cnn, tmp_pat
     assert planned["bottleneck"] in planned["stages_images_per_s_per_executor"]
     assert planned["wall_s"] == pytest.approx(10000 / planned["images_per_s"], rel=0.01)
     assert planned["device"] == data["device"]  # the profile calibrated above, reused
+
+    # the exported file plans on any host: one core per executor instead of four
+    one = spark_cnn("plan", "--model", "mobilenet_v3_small", "--images", "10000", "--executors", "2", "--cores", "1",
+                    "--device-profile", str(exported), "--json", str(tmp_path / "one.json"))
+    assert one.returncode == 0, one.stderr[-3000:]
+    from_file = json.loads((tmp_path / "one.json").read_text())
+    assert from_file["profile"]["file"] == str(exported) and from_file["batch_size"] == planned["batch_size"]
+    assert planned["images_per_s"] == pytest.approx(4 * from_file["images_per_s"], rel=0.01)
+    assert "img/s per executor" in one.stdout and "in all (2 x)" in one.stdout and device["host"] in one.stdout
+
+    exported.write_text(json.dumps({**device, "version": device["version"] + 1}))
+    refused = spark_cnn("plan", "--model", "mobilenet_v3_small", "--images", "10", "--executors", "1",
+                        "--device-profile", str(exported))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+    assert f"version {device['version'] + 1}" in refused.stderr and "--export" in refused.stderr
 
 
 def test_validate_measures_models_against_the_time_model(spark_cnn, tmp_path):

@@ -12,6 +12,9 @@ the network being predicted (nor any torchvision model). The benchmarks, by what
 - `stage_bench`: the sidecar's input normalisation and output heads, image decoding per core, and on CUDA the
   host-to-device copy.
 
+`repeatability` times a sample of those again and refuses a run that disagrees with itself; `host_load`
+records how busy the host was; `profile_file` exports a profile, reads one back, and marks a cached one stale.
+
 `harness` times each: the minimum of repeated calls after a warm-up, under `torch.inference_mode`, inputs made
 fresh and the cache filled with other data before each call, within a budget per section. Each call's minor
 page faults are counted too, and the profile stores times *without* them (count x cost per fault), so the
@@ -31,10 +34,22 @@ from spark_cnn.perf.calibration.device_profile import (
     GPU_MAX_BUDGET_S,
     PROFILE_VERSION,
     DeviceProfile,
+    cache_path,
     calibrate,
     device_key,
 )
 from spark_cnn.perf.calibration.harness import Timing, measure
+from spark_cnn.perf.calibration.host_load import describe_load
+from spark_cnn.perf.calibration.profile_file import (
+    export_profile,
+    mark_stale,
+    read_profile_file,
+    read_profile_text,
+    stale_reason,
+)
+from spark_cnn.perf.calibration.repeatability import ALLOW_NOISY_ENV, NoisyCalibration
 
-__all__ = ["CLOCKS", "DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION", "DeviceProfile",
-           "Timing", "calibrate", "conv_backend", "device_key", "measure"]
+__all__ = ["ALLOW_NOISY_ENV", "CLOCKS", "DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION",
+           "DeviceProfile", "NoisyCalibration", "Timing", "cache_path", "calibrate", "conv_backend", "describe_load",
+           "device_key", "export_profile", "mark_stale", "measure", "read_profile_file", "read_profile_text",
+           "stale_reason"]

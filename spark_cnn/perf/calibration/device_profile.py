@@ -2,9 +2,11 @@
 which reads it from the cache or runs the benchmarks (spark_cnn.perf.calibration's *_bench modules) in turn.
 
 A profile is JSON under `~/.cache/spark_cnn/devices/` named by its key (CPU model, cores, threads, torch
-version; or GPU name), and `calibrate` reuses it unless `refresh=True`. The benchmarks run in a process with
-the sidecar's malloc settings (spark_cnn.task.sidecar_env), as the sidecar and validation do: calibrate()
-starts one when the calling process has other settings.
+version; or GPU name), and `calibrate` reuses it unless `refresh=True` or a job marked it stale
+(profile_file.mark_stale). Each run times a sample of its benchmarks twice and is repeated, then refused, when
+they disagree (repeatability.py); the profile records that and the host's load while it ran (host_load.py).
+The benchmarks run in a process with the sidecar's malloc settings (spark_cnn.task.sidecar_env), as the sidecar
+and validation do: calibrate() starts one when the calling process has other settings.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ import json
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,13 +31,16 @@ from spark_cnn.perf.calibration.conv_bench import time_convolutions
 from spark_cnn.perf.calibration.curve_bench import time_curves
 from spark_cnn.perf.calibration.fault_bench import time_faults
 from spark_cnn.perf.calibration.gemm_bench import time_gemms
-from spark_cnn.perf.calibration.harness import Bench, Budget
+from spark_cnn.perf.calibration.harness import Budget
+from spark_cnn.perf.calibration.host_load import load_between, snapshot, ticks_per_second
+from spark_cnn.perf.calibration.profile_file import clear_stale, stale_reason
+from spark_cnn.perf.calibration.repeatability import NoisyCalibration, SampledBench, allow_noisy_default, steady
 from spark_cnn.perf.calibration.stage_bench import time_decode, time_h2d, time_sidecar_stages
 from spark_cnn.perf.child_env import sidecar_child_env
 from spark_cnn.task.sidecar_env import RETAINED, allocator_of, cpu_threads
 
 __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION", "DeviceProfile",
-           "calibrate", "device_key"]
+           "cache_path", "calibrate", "device_key"]
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again (the
 # versions' changes are listed in docs/perf-model.md, "Calibration").
@@ -72,6 +78,9 @@ class DeviceProfile:
     - `call_us`: overhead of a call that moves no data: "module" (nn.Flatten), "function" (torch.flatten),
       "container" (what an nn.Sequential adds around its child: every non-leaf module of a network pays it).
     - `decode_ms`: decode + resize + crop of one JPEG on one core; `h2d`: ((bytes, us), ...) pinned copies.
+    - `host`: where it was calibrated; `load`: how busy that host was meanwhile (host_load.load_between);
+      `repeatability`: how far a sample of benchmarks moved when timed again (repeatability.py), and in how
+      many attempts. Profiles written before these were recorded read them as empty.
     """
 
     key: str
@@ -94,11 +103,14 @@ class DeviceProfile:
     h2d: tuple[tuple[float, float], ...] = ()
     notes: tuple[str, ...] = ()
     version: int = PROFILE_VERSION
+    host: str = ""
+    load: dict[str, Any] = field(default_factory=dict)
+    repeatability: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.threads < 1:
             raise ConfigError(f"DeviceProfile {self.key!r}: threads must be >= 1, got {self.threads}")
-        for name in ("call_us", "curves"):
+        for name in ("call_us", "curves", "load", "repeatability"):
             object.__setattr__(self, name, _frozen(dict(getattr(self, name))))
         for name in ("conv", "gemm", "h2d", "notes"):
             object.__setattr__(self, name, _frozen(list(getattr(self, name))))
@@ -178,13 +190,23 @@ def _cache_path(cache_dir: str | None, key: str) -> str:
     return os.path.join(os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR), f"{key}.json")
 
 
+def cache_path(device: str = "cpu", threads: int | None = None, cache_dir: str | None = None) -> str:
+    """Where calibrate() caches the profile of `device` with `threads` (it may not exist yet)."""
+    return _cache_path(cache_dir, device_key(device, threads))
+
+
 def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: float = DEFAULT_BUDGET_S,
-              cache_dir: str | None = None, refresh: bool = False, clock: str = "wall") -> DeviceProfile:
+              cache_dir: str | None = None, refresh: bool = False, clock: str = "wall",
+              allow_noisy: bool | None = None) -> DeviceProfile:
     """The DeviceProfile of `device` with `threads` torch threads (CPU; default: the sidecar's, half the
     cores), from the cache under `cache_dir` unless `refresh`, else measured in about `budget_s` seconds
     (at most GPU_MAX_BUDGET_S on CUDA) and cached. `clock` (CLOCKS; "cpu" on the CPU only) is what the
     benchmarks and the budget are read from: "cpu" on a busy host gives the profile an idle host would, in
     `budget_s` of CPU time and more wall time.
+
+    A cached profile a job marked stale is measured again. A run whose repeated sample disagrees is run once
+    more, then refused (repeatability.NoisyCalibration) unless `allow_noisy` (default:
+    $SPARK_CNN_ALLOW_NOISY_CALIBRATION).
 
     >>> calibrate("cpu", threads=1, budget_s=1.0, cache_dir="/tmp/x").threads   # doctest: +SKIP
     1
@@ -202,7 +224,8 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
         raise ConfigError(f"calibrate: clock 'cpu' times the calling thread: it needs threads=1, not {threads}")
     key = device_key(str(resolved), threads)
     path = _cache_path(cache_dir, key)
-    if not refresh and os.path.exists(path):
+    allow_noisy = allow_noisy_default() if allow_noisy is None else bool(allow_noisy)
+    if not refresh and os.path.exists(path) and stale_reason(path) is None:
         try:
             with open(path) as f:
                 return DeviceProfile.from_json(f.read())
@@ -211,11 +234,12 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     if resolved.type == "cuda":
         budget_s = min(budget_s, GPU_MAX_BUDGET_S)
     elif _needs_sidecar_allocator():
-        return _calibrate_in_child(device, threads, float(budget_s), path, clock)
+        return _calibrate_in_child(device, threads, float(budget_s), path, clock, allow_noisy)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        profile = _run(resolved, threads, key, float(budget_s), clock)
+        profile = steady(lambda: _run(resolved, threads, key, float(budget_s), clock), what=str(resolved),
+                         allow_noisy=allow_noisy)
     finally:
         torch.set_num_threads(previous)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -223,6 +247,7 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     with open(partial, "w") as f:
         f.write(profile.to_json())
     os.replace(partial, path)
+    clear_stale(path)
     return profile
 
 
@@ -238,16 +263,20 @@ def _needs_sidecar_allocator() -> bool:
     return os.environ.get(_IN_CHILD_ENV) != "1" and platform.libc_ver()[0] == "glibc" and allocator_of() != RETAINED
 
 
-def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str) -> DeviceProfile:
+def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str,
+                        allow_noisy: bool) -> DeviceProfile:
     """calibrate() in a fresh process started with the sidecar's malloc settings; it writes the cache file."""
     env = sidecar_child_env(**{_IN_CHILD_ENV: "1"})
     code = ("import sys; from spark_cnn.perf.calibration import calibrate; "
             "calibrate(sys.argv[1], threads=int(sys.argv[2]), budget_s=float(sys.argv[3]), "
-            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5])")
+            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5], allow_noisy=sys.argv[6] == '1')")
     done = subprocess.run([sys.executable, "-c", code, device, str(threads), repr(budget_s),
-                           os.path.dirname(path), clock], env=env, capture_output=True, text=True)
+                           os.path.dirname(path), clock, "1" if allow_noisy else "0"], env=env, capture_output=True,
+                          text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        if tail[0].startswith(f"{NoisyCalibration.__module__}.{NoisyCalibration.__name__}: "):
+            raise NoisyCalibration(tail[0].split(": ", 1)[1])
         raise ConfigError(f"calibrate: the calibration process failed ({tail[0]}); run it in-process with "
                           f"{_IN_CHILD_ENV}=1 to see the whole error")
     with open(path) as f:
@@ -257,7 +286,8 @@ def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, c
 def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: str = "wall") -> DeviceProfile:
     budget = Budget(budget_s, CLOCKS[clock])
     wall_start = time.perf_counter()
-    bench = Bench(device, budget)
+    load_start = snapshot()
+    bench = SampledBench(device, budget)
     with torch.inference_mode():
         fault_us, mmap_threshold = time_faults(bench)
         bench.fault_us = fault_us
@@ -267,6 +297,8 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
         curves.update(time_sidecar_stages(bench))
         decode_ms = time_decode(bench)
         h2d = time_h2d(bench)
+        repeatability = bench.time_again()
+    load = load_between(load_start, snapshot(), cores=os.cpu_count() or 1, ticks_per_s=ticks_per_second())
     notes = tuple(f"{section}: {n} point(s) skipped to keep within the {budget_s:.0f} s budget"
                   for section, n in budget.skipped.items())
     if clock != "wall":
@@ -280,4 +312,5 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
                          budget_s=budget_s, fault_us_per_page=fault_us, mmap_threshold_bytes=mmap_threshold,
                          call_us=call_us, curves=curves, conv=tuple(conv), conv_call_us=conv_call_us,
                          conv_weight_us_per_mib=conv_weight_us, gemm=tuple(gemm), decode_ms=decode_ms, h2d=h2d,
-                         notes=notes)
+                         notes=notes, host=socket.gethostname(), load=load,
+                         repeatability=repeatability.as_dict())

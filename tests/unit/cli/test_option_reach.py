@@ -22,6 +22,7 @@ from spark_cnn.models.digits import DIGITS_FACTORY, digits_cnn
 from spark_cnn.spark.petastorm_job import petastorm_encoder
 from spark_cnn.spark.planning import check_model, plan_inference
 from spark_cnn.task.protocol import Hello
+from tests.unit.perf.test_perf_timemodel import synthetic_profile
 
 READER, TASK, SIDECAR, REFUSED = "reader", "task", "sidecar", "refused"
 
@@ -49,7 +50,7 @@ SAMPLES = {
     "summary": ["--summary", "s.json"], "partition_by": ["--partition-by", "label"],
     "overwrite": ["--overwrite"], "quiet": ["--quiet"], "checkpoint": ["--checkpoint", "elsewhere"],
     "max_files_per_trigger": ["--max-files-per-trigger", "7"], "settle_seconds": ["--settle-seconds", "5"],
-    "codec": ["--codec", "jpeg"],
+    "codec": ["--codec", "jpeg"], "device_profile": ["--device-profile", "{profile}"],
     "jpeg_quality": ["--jpeg-quality", "80"], "row_group_mb": ["--row-group-mb", "8"],
 }
 
@@ -63,6 +64,7 @@ INFERENCE = {
     "std": SIDECAR,
     "batch_size": SIDECAR, "precision": SIDECAR, "channels_last": SIDECAR, "compile": SIDECAR,
     "max_pixels": SIDECAR, "max_file_bytes": SIDECAR,
+    "device_profile": SIDECAR,  # read and checked by the driver; its JSON travels in RunOptions (the HELLO)
     "labels": TASK, "device": TASK, "threads": TASK, "decode": TASK, "request_timeout_s": TASK, "on_error": TASK,
     "master": driver("the Spark master of the job's session (job_io.job_session)"),
     "remote": driver("the Spark Connect server of the job's session (job_io.job_session)"),
@@ -114,10 +116,14 @@ TOOLS = {
     "profile": {"model": "the profiled model", "weights": "its state_dict", "device": "the profiled device",
                 "batch_sizes": "the predicted batch sizes", "threads": "torch threads", "tuning": "the tuner's mode",
                 "validate": "measure as well as predict", "recalibrate": "measure the device again",
-                "calibration_seconds": "calibration time", "json": "the result file", "plot": "the chart file"},
+                "calibration_seconds": "calibration time", "json": "the result file", "plot": "the chart file",
+                "allow_noisy_calibration": "keep a calibration that disagrees with itself",
+                "export": "the exported device profile"},
     "plan": {"model": "the planned model", "weights": "its state_dict", "images": "the planned images",
              "executors": "the planned executors", "cores": "cores per executor", "device": "the planned device",
-             "threads": "torch threads", "calibration_seconds": "calibration time", "json": "the result file"},
+             "threads": "torch threads", "calibration_seconds": "calibration time", "json": "the result file",
+             "device_profile": "the profile planned from, instead of calibrating here",
+             "allow_noisy_calibration": "keep a calibration that disagrees with itself"},
     "submit": {"spark_submit_args": "spark-submit's own arguments, passed on unchanged"},
     "doctor": {"master": "the probed session's Spark master", "device": "the probe sidecar's device",
                "json": "the results file"},
@@ -159,10 +165,11 @@ CASES = [(name, dest) for name, parser in _subcommands().items() if name in JOBS
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("reach")
-    weights, labels = folder / "digits.pth", folder / "labels.txt"
+    weights, labels, profile = folder / "digits.pth", folder / "labels.txt", folder / "device.json"
     torch.save(digits_cnn().state_dict(), weights)
     labels.write_text("".join(f"digit {i}\n" for i in range(10)))
-    return {"weights": str(weights), "labels": str(labels)}
+    profile.write_text(synthetic_profile().to_json())
+    return {"weights": str(weights), "labels": str(labels), "profile": str(profile)}
 
 
 def _argv(name: str, dest: str, files: dict, *, sample: bool = True) -> list[str]:

@@ -46,3 +46,14 @@ def test_etl_report_names_the_batches_and_the_checkpoint():
     assert _field(text, "new images") == "100" and _field(text, "batches") == "2 (4, 5)"
     assert _field(text, "checkpoint") == "file:///data/ck"
     assert _field(etl.report({**summary, "micro_batches": [], "images": 0}), "batches") == "0"
+
+
+def test_a_sidecar_whose_batches_disagreed_with_the_profile_says_so_after_the_table():
+    from spark_cnn.sidecar.prediction_check import PredictionCheck
+
+    check = PredictionCheck({8: 40.0}, window=2, sustained=1)
+    check.observe(8, 20.0), check.observe(8, 21.0)
+    agreeing = {**SIDECARS[1], "prediction": PredictionCheck({8: 40.0}).summary()}
+    lines = classify.sidecar_table([{**SIDECARS[0], "prediction": {**check.summary(), "action": "marked stale"}},
+                                    agreeing])
+    assert len(lines) == 4 and lines[-1].startswith("  executor 0: batches ran 1.9") and "marked stale" in lines[-1]

@@ -630,3 +630,24 @@ def test_close_ends_the_pipeline_threads():
 
     assert service.close(timeout_s=JOIN_S)
     assert not any(thread.is_alive() for thread in service._threads)
+
+
+def test_batches_far_faster_than_predicted_are_reported_once_and_acted_on():
+    from spark_cnn.sidecar.prediction_check import FASTER, PredictionCheck
+
+    # ShapedRunner takes ~10 ms per batch of 8; a profile said 80 ms (as one calibrated on a busy host might)
+    heard = []
+    check = PredictionCheck({8: 80.0}, window=4, sustained=2)
+    service = ModelService(ShapedRunner(), 8, JobStats(), prediction=check, max_delay_s=0.2, max_queued_batches=4,
+                           on_verdict=lambda verdict: heard.append(verdict) or "marked")
+    conn = RecordingConnection()
+    requests = {i: id_rows(range(i * 100, i * 100 + 4)) for i in range(1, 81)}  # 320 rows: 40 full batches
+
+    def produce(i: int) -> None:
+        submit_all(service, conn, {k: v for k, v in requests.items() if k % 4 == i})
+
+    run_producers(produce, 4)
+    assert conn.wait_for(len(requests))
+    service.close()
+    assert heard == [FASTER] and service.prediction_action == "marked"
+    assert check.summary()["verdict"] == FASTER and check.summary()["windows"] >= 2

@@ -142,6 +142,23 @@ def test_decode_auto_on_a_cpu_sidecar_decodes_in_the_tasks(shared, endpoint, ref
     assert stats["decode"] == "task"
 
 
+def test_a_jobs_device_profile_reaches_the_sidecars_start_point(shared, endpoint, reference):
+    from spark_cnn.task.run_options import RunOptions
+    from tests.unit.perf.test_perf_timemodel import synthetic_profile
+
+    _, info = shared
+    pixels = random_pixels(np.random.default_rng(9), 3)
+    # precision fp32, named: a service of its own (the shared sidecar's auto service predates this profile)
+    options = RunOptions(precision="fp32", device_profile=synthetic_profile().to_json())
+    with SidecarClient(info.socket, info.token, endpoint, job="job-profile", run_options=options) as client:
+        replies = dict(map_ordered(client, [("a", pixels)]))
+        stats = client.stats("job-profile")
+    check_against_reference(reference, pixels, replies["a"])
+    predicted = stats["tuning"]["predicted_images_per_s"]  # the test cache is empty: only the job's profile
+    assert set(predicted) >= {"1", "8", "64"} and stats["tuning"]["start"] in {int(b) for b in predicted}
+    assert stats["prediction"]["verdict"] == "too few batches"
+
+
 def test_concurrent_clients_each_get_their_own_results(shared, endpoint, reference):
     _, info = shared
     clients, requests_each = 6, 20

@@ -1,8 +1,9 @@
 """Where images are decoded when the job says `--decode auto`: a pure decision over measured and predicted rates.
 
-The sidecar decides at the first HELLO of a model, from what it knows: its device, the per-image decode cost on
-one CPU core (the cached device profile's `decode_ms`, measured by calibration), the model's predicted device
-rate at its batch size (the time model), the cores of the host, and whether nvJPEG works here.
+The sidecar decides at the first HELLO of a model (through perf.startpoint, its one entry into perf), and
+`spark-cnn plan` decides the same for the executors it plans, from what each knows: its device, the per-image
+decode cost on one CPU core (the device profile's `decode_ms`, measured by calibration), the model's predicted
+device rate at its batch size (the time model), the cores of the host, and whether nvJPEG works here.
 
 - On a CPU device, Spark tasks decode: they are separate processes, so decoding spreads over every core with no
   GIL in the way, while the sidecar's threads compute and serve. Sidecar threads would decode on the same

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spark_cnn.sidecar.placement import DECODE_HEADROOM, choose_decode_place
+from spark_cnn.perf.placement import DECODE_HEADROOM, choose_decode_place
 
 
 def test_a_cpu_device_always_decodes_in_the_tasks():
