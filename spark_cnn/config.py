@@ -16,6 +16,7 @@ from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_ROWS, R
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.task.object_store import StorageOptions
 from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
+from spark_cnn.task.schema import CLASSES, OUTPUT_KINDS, RAW
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 ON_ERROR_CHOICES = ("record", "fail")
@@ -90,6 +91,7 @@ class InferenceOptions:
     logits: bool = False
     embeddings: bool = False
     layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
+    output_kind: str = CLASSES  # --output: classes, or raw (the model's one output tensor, task/schema.py)
     batch_size: int | None = None
     device: str = "auto"
     precision: str = "auto"
@@ -114,6 +116,15 @@ class InferenceOptions:
             if not names:
                 raise ConfigError("labels is empty: give a file of class names or a non-empty list of names")
             object.__setattr__(self, "labels", names)
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ConfigError(f"--output {self.output_kind}: expected one of {', '.join(OUTPUT_KINDS)}")
+        if self.output_kind == RAW:
+            asked = (("--labels", self.labels is not None), ("--top-k", self.top_k is not None),
+                     ("--logits", self.logits), ("--embeddings", self.embeddings))
+            heads = [flag for flag, given in asked if given]
+            if heads:
+                raise ConfigError(f"--output raw writes the model's whole output, without classes: drop "
+                                  f"{', '.join(heads)}")
         if self.layer is not None and not self.embeddings:
             raise ConfigError(f"--layer {self.layer} picks the embedding layer; it needs embeddings")
         if not DEVICE_PATTERN.match(self.device):
@@ -221,6 +232,9 @@ class ClassifyConfig:
             raise ConfigError(f"inference must be InferenceOptions, got {type(self.inference).__name__}")
         if self.partition_by is not None and self.partition_by not in PARTITION_COLUMNS:
             raise ConfigError(f"--partition-by {self.partition_by}: expected one of {', '.join(PARTITION_COLUMNS)}")
+        if self.inference.output_kind == RAW and self.partition_by in ("label", "label_name"):
+            raise ConfigError(f"--partition-by {self.partition_by}: --output raw writes no classes; partition by "
+                              "true_label or not at all")
 
 def parse_batch_size(text: str) -> int | None:
     if text == "auto":

@@ -70,3 +70,30 @@ def fails_on_images() -> nn.Module:
             return super().forward(images)
 
     return FailsOnImages()
+
+
+RAW_GRID_FACTORY = "tests.sidecar_doubles:raw_grid"
+TWO_HEADS_FACTORY = "tests.sidecar_doubles:two_heads"
+
+
+class RawGrid(nn.Module):
+    """(N, 3, H, W) -> (N, 2, 3, 3): the first two channels averaged over a 3 x 3 grid. Not a classifier: its
+    output is written only with --output raw."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return nn.functional.adaptive_avg_pool2d(images[:, :2], 3)
+
+
+def raw_grid() -> RawGrid:
+    return RawGrid()
+
+
+class TwoHeads(nn.Module):
+    """Returns a dict of two tensors, as torchvision's segmentation models do: refused even with --output raw."""
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": images.mean(dim=(2, 3)), "aux": images.amax(dim=(2, 3))}
+
+
+def two_heads() -> TwoHeads:
+    return TwoHeads()

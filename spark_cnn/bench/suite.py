@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, input_dir
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
+from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.variants import IDENTITY_MODEL, VARIANTS, VariantTask
 
 DEFAULT_MODELS = ("mobilenet_v3_small", "resnet18")
@@ -135,6 +136,9 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
             folder = input_dir(images, config.data_dir)
             log(f"{model}: {images} images per variant")
             for variant in (v for v in VARIANTS if v in config.variants and v != "limit"):
+                if skipped := missing_peer(variant):
+                    log(f"{model}: {skipped}")
+                    continue
                 details[variant] = run_variant(replace(base, variant=variant, input=folder, images=images), workdir)
                 r = details[variant]
                 rate = "failed" if r["images_per_s"] is None else f"{r['images_per_s']:.1f} img/s"

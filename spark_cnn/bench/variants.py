@@ -5,6 +5,8 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 - row: a pandas UDF that calls the model once per image (model cached per Python worker).
 - predict_batch_udf: Spark's own answer, batch_size 32, the model loaded in every Python worker.
 - spark_cnn: this project's classify job (sidecar, dynamic batching, tuned batch size, chosen decode place).
+- ray_data, daft: the peers users pick instead of Spark, each as its documentation shows batch inference
+  (bench/peers.py; optional packages, skipped with one line when missing).
 - limit: decode alone on one core and the model alone (1 and all threads), combined into the best rate the
   machine's cores allow for the whole pipeline (see `pipeline_limit`). For the near-free model (`identity`, a
   TorchScript file: bench/tiny.py) the model is not measured: the limit is the decode-only rate of the cores.
@@ -39,7 +41,8 @@ from spark_cnn.bench.cputime import snapshot_to_json, tree_snapshot
 
 BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 MASTER = "local[2]"
-VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", "limit")
+PEER_VARIANTS = ("ray_data", "daft")  # bench/peers.py: Ray Data and Daft, the `peers` extra
+VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", *PEER_VARIANTS, "limit")
 # The near-free model's name in the bench commands (bench/tiny.py); here, torch-free, for the CLI and the report.
 IDENTITY_MODEL = "identity"
 # Batch sizes the model-only measurement tries at one thread; the limit takes the fastest.
@@ -349,7 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     fields = json.loads(args.task)
     fields["limit_batch_sizes"] = tuple(fields.get("limit_batch_sizes", LIMIT_BATCH_SIZES))
     task = VariantTask(**fields)
-    result = RUNNERS[task.variant](task)
+    if task.variant in PEER_VARIANTS:  # their packages are optional: imported only when asked for
+        from spark_cnn.bench.peers import RUNNERS as PEER_RUNNERS
+
+        result = PEER_RUNNERS[task.variant](task)
+    else:
+        result = RUNNERS[task.variant](task)
     if "images_per_s" not in result:
         result["images_per_s"] = result["images"] / result["elapsed_s"] if result["elapsed_s"] else None
     with open(args.out, "w") as f:

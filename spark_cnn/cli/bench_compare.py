@@ -1,4 +1,5 @@
-"""`spark-cnn bench`: this project against a plain PyTorch loop, a row-at-a-time UDF and predict_batch_udf."""
+"""`spark-cnn bench`: this project against a plain PyTorch loop, a row-at-a-time UDF, predict_batch_udf, Ray Data
+and Daft."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ def register(commands) -> None:
     from spark_cnn.bench.suite import DEFAULT_MODELS
     from spark_cnn.bench.variants import VARIANTS
 
-    parser = commands.add_parser("bench", help="compare with a bare PyTorch loop, a row UDF and predict_batch_udf")
+    parser = commands.add_parser("bench", help="compare with a bare PyTorch loop, a row UDF, predict_batch_udf, "
+                                               "Ray Data and Daft")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run (about 2 minutes): mobilenet_v3_small only, few images, short measurements")
     parser.add_argument("--models", nargs="+",
@@ -17,7 +19,8 @@ def register(commands) -> None:
                         f"(default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--images", type=int, help="images per variant (default: enough for 24 s at the limit rate)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="which variants to run (default: all)")
+                        help="which variants to run (default: all; ray_data and daft need the peers extra and "
+                             "are skipped without it)")
     parser.add_argument("--data-dir", help="where the generated images are cached (default ~/.cache/spark_cnn/bench)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write a bar chart (PNG) here")

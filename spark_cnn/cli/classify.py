@@ -15,6 +15,7 @@ from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.task.client import REPLY_TIMEOUT_S
 from spark_cnn.task.object_store import OPTION_KEYS, StorageOptions
 from spark_cnn.task.run_options import DECODE_CHOICES, PRECISIONS
+from spark_cnn.task.schema import CLASSES, OUTPUT_KINDS
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
@@ -129,6 +130,10 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     add_decode_limits(run)
     out = parser.add_argument_group("output")
     if not embed:
+        out.add_argument("--output", dest="output_kind", default=CLASSES, choices=OUTPUT_KINDS, metavar="KIND",
+                         help="classes: label, score, top-k (default); raw: the model's one output tensor per image "
+                              "as `raw` (array<float>, row-major) and `shape` (array<int>), for any model that is "
+                              "not a classifier")
         out.add_argument("--logits", action="store_true", help="add the logits column")
         out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
     out.add_argument("--summary", help="also write the JSON summary here")

@@ -1,4 +1,5 @@
-"""Turn a classifier's logits into the job's outputs: top-1, top-k, and optionally logits and embeddings."""
+"""Turn a model's output into the job's outputs: a classifier's top-1, top-k, and optionally logits and
+embeddings; or any one tensor as it is (`--output raw`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ class Predictor:
     logits (N x classes) / embedding (N x features) when asked. The embedding is the input of the last Linear
     layer, or with `embedding_layer` the output of that named module (`model.named_modules()` names, e.g.
     `layer4` of a ResNet), averaged over its spatial positions when it has any, then flattened.
+
+    With `raw` the module may return any one tensor with the batch first, (N, ...): `predict` returns it
+    alone as float32 under the key `raw`, and no head runs.
     """
 
     def __init__(self, module: nn.Module, *, top_k: int, logits: bool = False, embeddings: bool = False,
-                 embedding_layer: str | None = None):
+                 embedding_layer: str | None = None, raw: bool = False):
         self.module = module
+        self.raw = raw
         self.top_k = top_k
         self.want_logits = logits
         self._features: list[torch.Tensor] = []
@@ -33,7 +38,13 @@ class Predictor:
 
     def predict(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         self._features.clear()
+        if self.raw:
+            return {"raw": raw_output(self.module(images), len(images))}
         logits = _as_logits(self.module(images)).float()
+        if logits.dim() != 2:
+            raise ModelError(f"the model returned outputs of shape {tuple(logits.shape)}; a classifier returns "
+                             f"logits of shape (batch, classes): for any other tensor use --output raw "
+                             f"(cnn_udf output='raw')")
         probs = torch.softmax(logits, dim=1)
         top = probs.topk(self.top_k, dim=1)
         out = {"label": top.indices[:, 0], "score": top.values[:, 0],
@@ -54,6 +65,32 @@ def _as_logits(output) -> torch.Tensor:
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
     raise ModelError(f"the model returned {type(output).__name__}; expected a tensor of logits (N x classes)")
+
+
+def raw_output(output, images: int) -> torch.Tensor:
+    """The model's one output tensor, batch first, as float32; a ModelError naming what it returned otherwise."""
+    if not isinstance(output, torch.Tensor):
+        raise ModelError(f"--output raw takes one tensor per batch (batch first); the model returned "
+                         f"{describe_output(output)}: wrap it in a module:factory that returns the one to keep")
+    if output.dim() == 0 or output.shape[0] != images:
+        raise ModelError(f"--output raw: the model returned a tensor of shape {tuple(output.shape)} for "
+                         f"{images} image(s); expected the batch first, ({images}, ...)")
+    if output.is_complex():
+        raise ModelError(f"--output raw writes real values; the model returned {output.dtype}")
+    return output.float()
+
+
+def describe_output(output) -> str:
+    """What a model returned, in a few words: 'a dict with keys out, aux', 'a tuple of 2: tensor (1, 4), int'."""
+    if isinstance(output, torch.Tensor):
+        return f"tensor {tuple(output.shape)}"
+    if isinstance(output, dict):
+        return f"a {type(output).__name__} with keys {', '.join(map(str, output))}"
+    if isinstance(output, (tuple, list)):
+        items = ", ".join(describe_output(item) if isinstance(item, torch.Tensor) else type(item).__name__
+                          for item in output[:4])
+        return f"a {type(output).__name__} of {len(output)}: {items}{', ...' if len(output) > 4 else ''}"
+    return type(output).__name__
 
 
 def pool_spatial(features: torch.Tensor) -> torch.Tensor:

@@ -16,9 +16,10 @@ class ResolvedModel:
     """What the driver learned of a model: the endpoint the sidecars load, and the sizes its outputs have."""
 
     endpoint: Endpoint
-    num_classes: int
+    num_classes: int | None  # None for a raw output: no classes
     embedding_dim: int | None
     weights: ResolvedWeights = ResolvedWeights(file=None, label=BUILTIN)
+    raw_shape: tuple[int, ...] | None = None  # the per-image shape of a raw output, from the blank image
 
 
 # Characters of a weights file's SHA-256 in its label (as the shipped copies' names use).
@@ -62,11 +63,13 @@ def _file_label(path: str) -> str:
 
 
 def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool = False,
-                     embeddings: bool = False, embedding_layer: str | None = None) -> ResolvedModel:
+                     embeddings: bool = False, embedding_layer: str | None = None,
+                     output_kind: str = "classes") -> ResolvedModel:
     """Load `spec` once on the CPU, run one blank image through it, and fix preprocessing and heads.
 
     `embedding_layer` names the module whose (spatially averaged) output is the embedding; None: the input
-    of the last Linear layer."""
+    of the last Linear layer. `output_kind="raw"`: the model may return any one tensor, batch first; no head
+    runs."""
     # torch loads here, not at import: a ResolvedModel unpickled from a child process must not pull it in
     import torch
 
@@ -79,18 +82,23 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     prep = spec.preprocessing_over(own or declared_preprocessing(module) or Preprocessing())
     if embedding_layer is not None and not embeddings:
         raise ConfigError("--layer picks the embedding layer: it needs embeddings on")
-    probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer)
+    raw = output_kind == "raw"
+    probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer, raw=raw)
     try:
         with torch.inference_mode():
             out = probe.predict(torch.zeros((1, 3, prep.crop, prep.crop)))
-    except ModelError:
-        raise
+    except ModelError as e:
+        raise ModelError(f"--model {spec.source}: {e}") from None
     except Exception as e:
         raise ModelError(f"--model {spec.source} failed on a 1x3x{prep.crop}x{prep.crop} input "
                          f"({type(e).__name__}: {e}); check --crop/--resize for this model") from e
-    if out["logits"].dim() != 2:
-        raise ModelError(f"--model {spec.source} returned outputs of shape {tuple(out['logits'].shape)}; a "
-                         f"classifier must return logits of shape (batch, classes)")
+    files = {path: os.path.basename(path) for path in (spec.source, weights.file)
+             if path and os.path.isfile(path)}
+    if raw:
+        endpoint = Endpoint(source=spec.source, weights=weights.file, preprocessing=prep, top_k=1, files=files,
+                            weights_enum=weights.enum, kind=spec.kind, output_kind=output_kind).with_fingerprint()
+        return ResolvedModel(endpoint=endpoint, num_classes=None, embedding_dim=None, weights=weights,
+                             raw_shape=tuple(out["raw"].shape[1:]))
     num_classes = int(out["logits"].shape[1])
     if top_k is None:
         top_k = min(DEFAULT_TOP_K, num_classes)
@@ -99,8 +107,6 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     if weights.categories is not None and len(weights.categories) != num_classes:
         raise ModelError(f"--weights {spec.weights} name {len(weights.categories)} categories but the model has "
                          f"{num_classes} classes")
-    files = {path: os.path.basename(path) for path in (spec.source, weights.file)
-             if path and os.path.isfile(path)}
     endpoint = Endpoint(source=spec.source, weights=weights.file, preprocessing=prep, top_k=top_k,
                         logits=logits, embeddings=embeddings, files=files, embedding_layer=embedding_layer,
                         weights_enum=weights.enum, kind=spec.kind).with_fingerprint()

@@ -131,6 +131,7 @@ class Endpoint:
     weights_enum: str | None = None  # torchvision weights the `weights` file holds: the model is built for them
     # The spec's kind ("" = derived from `source`): an MLflow directory's source names a path executors lack.
     kind: str = ""
+    output_kind: str = "classes"  # or "raw": the model's one output tensor as it is (task/schema.py OUTPUT_KINDS)
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -157,6 +158,8 @@ class Endpoint:
             digest.update(b"layer:" + self.embedding_layer.encode())
         if self.weights_enum:
             digest.update(b"weights_enum:" + self.weights_enum.encode())
+        if self.output_kind != "classes":
+            digest.update(b"output:" + self.output_kind.encode())
         return replace(self, fingerprint=digest.hexdigest()[:16])
 
     def localised(self, resolve) -> Endpoint:

@@ -1,7 +1,8 @@
 """The last stage of a request in the sidecar: the model's outputs for its rows -> its RESULT rows.
 
 The reply has exactly the request's rows, in order, as `task.schema.reply_schema` lays them out: the top-k
-pairs shaped here, once, as list<struct<label, score>>, and vectors as list<float>; a row whose image did not
+pairs shaped here, once, as list<struct<label, score>>, vectors as list<float>, and a raw output (any tensor,
+N x ...) as each row's values flattened in row-major order with the row's shape; a row whose image did not
 decode keeps its place, with null outputs and its `error`.
 """
 
@@ -19,7 +20,7 @@ def reply_batch(outputs: dict[str, np.ndarray], row_errors: list[str | None] | N
     """One `schema` row per request row.
 
     `outputs` (ModelRunner.download: label, score (N,); topk_label, topk_score (N, k); logits, embedding
-    (N, width)) hold the rows that reached the model. `row_errors`, given when the sidecar decoded the
+    (N, width); or raw (N, ...)) hold the rows that reached the model. `row_errors`, given when the sidecar decoded the
     request, has one entry per request row: None where the image decoded (its outputs are the next row of
     `outputs`), else why it did not.
     """
@@ -35,11 +36,15 @@ def reply_batch(outputs: dict[str, np.ndarray], row_errors: list[str | None] | N
 def _computed_rows(outputs: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
     if not outputs:  # no row reached the model
         return pa.RecordBatch.from_pylist([], schema=schema)
-    rows = len(outputs["label"])
+    rows = len(np.atleast_1d(next(iter(outputs.values()))))  # a 0-d output is refused by its column below
     columns = []
     for field in schema:
         if field.name == ERROR:
             columns.append(pa.nulls(rows, pa.string()))
+        elif field.name == "raw":
+            columns.append(_raw_values(outputs["raw"], field.type))
+        elif field.name == "shape":
+            columns.append(_raw_shapes(outputs["raw"], field.type))
         elif field.name == "topk":
             columns.append(_topk(outputs["topk_label"], outputs["topk_score"]))
         elif pa.types.is_list(field.type):
@@ -72,8 +77,22 @@ def _vectors(name: str, values: np.ndarray, list_type: pa.ListType) -> pa.ListAr
                                     type=list_type)
 
 
+def _raw_values(values: np.ndarray, list_type: pa.ListType) -> pa.ListArray:
+    """(N, ...) -> N lists of the row's values, flattened in row-major (C) order: `shape` restores them."""
+    if values.ndim < 1:
+        raise SidecarError(f"a raw output of shape {values.shape}; expected one entry per image (N, ...)")
+    return _vectors("raw", values.reshape(len(values), -1), list_type)
+
+
+def _raw_shapes(values: np.ndarray, list_type: pa.ListType) -> pa.ListArray:
+    """The per-image shape of a (N, ...) output (the batch dimension dropped), once per row."""
+    shape = np.asarray(values.shape[1:], np.int32)
+    dims = pa.array(np.tile(shape, len(values)), list_type.value_type)
+    return pa.ListArray.from_arrays(_offsets(len(values), len(shape)), dims, type=list_type)
+
+
 def _offsets(rows: int, width: int) -> pa.Array:
-    return pa.array(np.arange(0, (rows + 1) * width, width, dtype=np.int32))
+    return pa.array(np.arange(rows + 1, dtype=np.int32) * np.int32(width))  # width may be 0 (a raw shape ())
 
 
 def _with_ndim(name: str, values: np.ndarray, ndim: int) -> np.ndarray:

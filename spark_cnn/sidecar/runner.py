@@ -32,7 +32,7 @@ from spark_cnn.sidecar.fault_injection import (
 )
 from spark_cnn.task.protocol import ErrorKind
 from spark_cnn.task.run_options import RunOptions
-from spark_cnn.task.schema import reply_schema
+from spark_cnn.task.schema import RAW, layout_of, reply_schema
 from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
@@ -157,9 +157,12 @@ class ModelRunner:
         if options.compile:
             module = torch.compile(module)
         self.predictor = Predictor(module, top_k=endpoint.top_k, logits=endpoint.logits,
-                                   embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer)
-        self.reply_schema = reply_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)  # per request row
-        self.probe = PrecisionProbe() if options.precision == "auto" and self.cuda else None
+                                   embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer,
+                                   raw=endpoint.output_kind == RAW)
+        self.reply_schema = reply_schema(**layout_of(endpoint))  # per request row
+        # `auto` precision is judged by top-1 agreement: a raw output has no top-1, so it stays fp32.
+        probing = options.precision == "auto" and self.cuda and endpoint.output_kind != RAW
+        self.probe = PrecisionProbe() if probing else None
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         # The embedding hook keeps per-call state: one forward at a time then. Otherwise forwards may run side
         # by side (the CPU sidecar's compute threads); the precision probe runs only on CUDA, with one thread.

@@ -23,7 +23,7 @@ from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import job_filesystem, to_uri
 from spark_cnn.task.object_store import StorageOptions
-from spark_cnn.task.schema import EMBED_COLUMNS, output_schema
+from spark_cnn.task.schema import EMBED_COLUMNS, layout_of, output_schema
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 
@@ -62,7 +62,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         plan = start_inference(spark, options, model, source=source)
         job_id = plan.job_id
         sidecar_stats = JobSidecarStats(spark, job_id)
-        schema = output_schema(logits=options.logits, embeddings=options.embeddings)
+        schema = output_schema(**layout_of(options))
         if source.has_labels:  # carried from the input, as the source reads it
             schema = schema.append(pa.field(TRUE_LABEL, pa.string()))
         outputs = sidecar_stats.observed(source.frame.mapInArrow(sidecar_stats.task_function(plan),
@@ -103,7 +103,7 @@ def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, con
                sidecars: list[dict]) -> dict:
     rows = spark.read.parquet(output_uri)
     aggregates = [F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNull()).alias("ok")]
-    if TRUE_LABEL in rows.columns:
+    if TRUE_LABEL in rows.columns and "label" in rows.columns:  # a raw output has no classes to score
         ok, truth = F.col("error").isNull(), F.col(TRUE_LABEL)
         if labels is not None:  # true labels are class names
             labelled, correct = truth.isin(list(labels)), F.col("label_name") == truth

@@ -38,7 +38,7 @@ from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
 from spark_cnn.spark.storage import HadoopFS, job_filesystem, local_path, to_uri
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
-from spark_cnn.task.schema import output_schema, spark_ddl
+from spark_cnn.task.schema import layout_of, output_schema, spark_ddl
 from spark_cnn.task.stream import InferencePlan
 
 BATCH_COLUMN = "batch"
@@ -114,7 +114,7 @@ class MicroBatchWriter:
         self.spark, self.fs, self.plan, self.stats, self.in_tasks = spark, fs, plan, stats, in_tasks
         self.output_uri = output_uri.rstrip("/")
         endpoint = plan.endpoint
-        self.schema = output_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)
+        self.schema = output_schema(**layout_of(endpoint))
         self.batches: list[dict] = []  # {batch, images, errors, elapsed_s}, this run's
 
     def write(self, batch_id: int, files: list[ListedFile]) -> None:

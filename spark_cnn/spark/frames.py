@@ -20,7 +20,7 @@ from spark_cnn.imaging.image_struct import is_image_struct
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.planning import check_model, start_inference
-from spark_cnn.task.schema import EMBED_COLUMNS, output_schema, spark_ddl
+from spark_cnn.task.schema import CLASSES, EMBED_COLUMNS, layout_of, output_schema, spark_ddl
 from spark_cnn.task.stream import INPUT_COLUMNS, PartitionInference
 
 
@@ -50,14 +50,16 @@ def inference_options(model: str | ModelSpec, *, weights: str | None = None,
 
 
 def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str | None = None, path: str = "path",
-             **options) -> DataFrame:
+             output: str = CLASSES, **options) -> DataFrame:
     """Classify the images of `df`; returns a lazy DataFrame with one row per input row.
 
     `content` names a column of image file bytes (as `spark.read.format("binaryFile")` gives) or of Spark
     `image` structs (as `spark.read.format("image")` gives); by default `content`, else the only image-struct
     column. `path` names a string column that names each row (for
     an image struct without one, its `origin`). Output columns are the classify job's: `path, label,
-    label_name, score, topk, error` (+ `logits`, `embedding` when asked). A bad image is a row with `error`
+    label_name, score, topk, error` (+ `logits`, `embedding` when asked); with `output="raw"` (a model that is
+    not a classifier: any one tensor, batch first) `path, raw, shape, error`: each image's output flattened in
+    row-major order as array<float>, and its shape. A bad image is a row with `error`
     set (or a failed job with `on_error="fail"`). The other keywords are `inference_options`': `weights`,
     `preprocessing`, `batch_size` ("auto" or N), and any InferenceOptions field (labels, top_k, logits,
     embeddings, layer, device, precision, channels_last, compile, decode, threads, on_error, ...). The model is
@@ -69,10 +71,10 @@ def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str
     >>> images = spark.read.format("binaryFile").load("photos/")                  # doctest: +SKIP
     >>> spark_cnn.classify(images, model="resnet50", weights="resnet50.pth").show()  # doctest: +SKIP
     """
-    opts = inference_options(model, **options)
+    opts = inference_options(model, output_kind=output, **options)
     inputs = _image_rows(df, content, path)
     plan = start_inference(_session_of(df), opts, check_model(opts))
-    ddl = spark_ddl(output_schema(logits=opts.logits, embeddings=opts.embeddings))
+    ddl = spark_ddl(output_schema(**layout_of(opts)))
     return inputs.mapInArrow(PartitionInference(plan, environment=SPARK_TASK), ddl)
 
 

@@ -75,14 +75,18 @@ def read_labels(path: str | None) -> tuple[str, ...] | None:
 def check_model(options: InferenceOptions) -> CheckedModel:
     """Load the model on the driver's CPU (named weights resolved, from torch's cache or downloaded once), run one
     blank image through it, and check the labels fit. Labels: `options.labels`, else the named weights'
-    categories. A torchvision model without weights runs its random initialisation, with one warning."""
+    categories; none for a raw output (`output_kind="raw"`: any one tensor, batch first). A torchvision model
+    without weights runs its random initialisation, with one warning."""
     # torch stays out of the driver: the model loads in a child process (once per model and weight files)
     from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated
     from spark_cnn.models.weights import RANDOM
 
     labels = read_labels(options.labels) if isinstance(options.labels, str) else options.labels
     resolved = resolve_endpoint_isolated(options.model, top_k=options.top_k, logits=options.logits,
-                                         embeddings=options.embeddings, embedding_layer=options.layer)
+                                         embeddings=options.embeddings, embedding_layer=options.layer,
+                                         output_kind=options.output_kind)
+    if resolved.num_classes is None:  # a raw output: no classes to name
+        return CheckedModel(resolved, None)
     if labels is None:
         labels = resolved.weights.categories
     if resolved.weights.label == RANDOM and options.model.weights is None:

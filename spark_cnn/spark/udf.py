@@ -23,7 +23,15 @@ from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.frames import inference_options
 from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.spark.session import is_connect
-from spark_cnn.task.schema import NAMED_TOPK_ITEM, UDF_OUTPUTS, class_names, spark_type, udf_output_type
+from spark_cnn.task.schema import (
+    CLASSES,
+    NAMED_TOPK_ITEM,
+    RAW,
+    UDF_OUTPUTS,
+    class_names,
+    spark_type,
+    udf_output_type,
+)
 from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
 
 # Each output is a struct, so that every row carries its `error` next to the values (null where fine).
@@ -69,6 +77,8 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
     - "logits": `logits array<float>`, `error`
     - "embedding": `embedding array<float>` (last Linear layer's input, or `layer`'s output averaged over
       space), `error`
+    - "raw": `raw array<float>`, `shape array<int>`, `error`: the model's one output tensor (batch first) for
+      each image, flattened in row-major order, and its per-image shape; for models that are not classifiers
 
     `label_name` is null without `labels` (a file of class names, one per line, or a list of names). A bad
     image gives a row with `error` set, unless `on_error="fail"`. The model is loaded and checked on the
@@ -85,16 +95,17 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
     """
     if output not in OUTPUT_TYPES:
         raise ConfigError(f"output={output!r}: expected one of {', '.join(OUTPUT_TYPES)}")
-    heads = sorted({"logits", "embeddings"} & set(options))
+    heads = sorted({"logits", "embeddings", "output_kind"} & set(options))
     if heads:
-        raise ConfigError(f"{', '.join(heads)}: cnn_udf runs the heads `output` asks for; use output='logits' or "
-                          "output='embedding'")
+        raise ConfigError(f"{', '.join(heads)}: cnn_udf runs the heads `output` asks for; use output='logits', "
+                          "'embedding' or 'raw'")
     if options.get("layer") is not None and output != "embedding":
         raise ConfigError(f"layer={options['layer']!r} picks the embedding layer; use it with output='embedding'")
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConfigError("cnn_udf needs a SparkSession: create one first (spark_cnn.spark_session()) or pass spark=")
-    opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding", **options)
+    opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding",
+                             output_kind=RAW if output == RAW else CLASSES, **options)
     plan = start_inference(spark, opts, check_model(opts))
     stats = None if is_connect(spark) else spark.sparkContext.accumulator({}, SidecarStatsParam())
     return CnnUdf(plan, output, stats)

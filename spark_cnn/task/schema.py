@@ -1,4 +1,4 @@
-"""The result layout, declared once: the classify output schema, the sidecar's reply, the UDF's structs.
+"""The result layouts, declared once: the classify output schema, the sidecar's reply, the UDF's structs.
 
 The sidecar replies to each INFER with `reply_schema` rows, exactly the request's rows in order, with the
 model's columns null and `error` set where a row failed. The task adds `path` and `label_name` to make the
@@ -25,32 +25,52 @@ _FIELDS = (pa.field("path", pa.string()), pa.field("label", pa.int32()), pa.fiel
 _OPTIONAL = {"logits": pa.field("logits", VECTOR_TYPE), "embeddings": pa.field("embedding", VECTOR_TYPE)}
 # Output columns the task adds to the sidecar's reply: the row's name, and the label's class name.
 TASK_COLUMNS = ("path", "label_name")
+# What the model's output becomes: classes (label, score, top-k [, logits, embedding]) or `raw`, any one
+# tensor per batch written as it is, one row per image: its values flattened in row-major (C) order as `raw`,
+# and the per-image shape (the tensor's shape without the batch dimension) as `shape`.
+CLASSES, RAW = "classes", "raw"
+OUTPUT_KINDS = (CLASSES, RAW)
+SHAPE_TYPE = pa.list_(pa.int32())
+_RAW_FIELDS = (pa.field("path", pa.string()), pa.field("raw", VECTOR_TYPE), pa.field("shape", SHAPE_TYPE),
+               pa.field(ERROR, pa.string()))
 # The embed output: one embedding per image.
 EMBED_COLUMNS = ("path", "embedding", ERROR)
 # cnn_udf's outputs: each a struct of these output columns (`topk` items also name their label).
 UDF_OUTPUTS = {"top1": ("label", "label_name", "score", ERROR), "topk": ("topk", ERROR),
-               "logits": ("logits", ERROR), "embedding": ("embedding", ERROR)}
+               "logits": ("logits", ERROR), "embedding": ("embedding", ERROR), RAW: ("raw", "shape", ERROR)}
 NAMED_TOPK_ITEM = pa.struct([TOPK_ITEM.field("label"), pa.field("label_name", pa.string()), TOPK_ITEM.field("score")])
 
 _SPARK_NAMES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "bigint", pa.float32(): "float",
                 pa.float64(): "double", pa.binary(): "binary", pa.bool_(): "boolean"}
 
 
-def output_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
-    """The classify output columns: path, label, label_name, score, topk, error [, logits] [, embedding]."""
+def output_schema(*, logits: bool = False, embeddings: bool = False, output_kind: str = CLASSES) -> pa.Schema:
+    """The classify output columns: path, label, label_name, score, topk, error [, logits] [, embedding]; with
+    output_kind="raw": path, raw, shape, error."""
+    if output_kind == RAW:
+        return pa.schema(_RAW_FIELDS)
+    if output_kind != CLASSES:
+        raise ValueError(f"output kind {output_kind!r}: expected one of {', '.join(OUTPUT_KINDS)}")
     wanted = {"logits": logits, "embeddings": embeddings}
     return pa.schema([*_FIELDS, *(field for key, field in _OPTIONAL.items() if wanted[key])])
 
 
-def reply_schema(*, logits: bool = False, embeddings: bool = False) -> pa.Schema:
+def reply_schema(*, logits: bool = False, embeddings: bool = False, output_kind: str = CLASSES) -> pa.Schema:
     """What the sidecar sends for each request row: the output columns but those the task adds."""
-    schema = output_schema(logits=logits, embeddings=embeddings)
+    schema = output_schema(logits=logits, embeddings=embeddings, output_kind=output_kind)
     return pa.schema([field for field in schema if field.name not in TASK_COLUMNS])
+
+
+def layout_of(heads) -> dict:
+    """The layout keywords of `output_schema` / `reply_schema` from an object that names its heads: an Endpoint
+    or InferenceOptions (`logits`, `embeddings`, `output_kind`)."""
+    return {"logits": heads.logits, "embeddings": heads.embeddings, "output_kind": heads.output_kind}
 
 
 def udf_output_type(output: str) -> pa.StructType:
     """The struct `cnn_udf(output=...)` returns per row, from the classify output's fields."""
-    fields = {field.name: field for field in output_schema(logits=True, embeddings=True)}
+    fields = {field.name: field for kind in OUTPUT_KINDS
+              for field in output_schema(logits=True, embeddings=True, output_kind=kind)}
     fields["topk"] = pa.field("topk", pa.list_(NAMED_TOPK_ITEM))
     return pa.struct([fields[name] for name in UDF_OUTPUTS[output]])
 

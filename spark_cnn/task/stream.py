@@ -42,7 +42,15 @@ from spark_cnn.task.files import prefetched, read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, is_store_uri
 from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
-from spark_cnn.task.schema import ERROR, class_names, failed_rows, output_schema, place_rows, reply_schema
+from spark_cnn.task.schema import (
+    ERROR,
+    class_names,
+    failed_rows,
+    layout_of,
+    output_schema,
+    place_rows,
+    reply_schema,
+)
 
 INPUT_COLUMNS = ("path", "content")
 NULL_IMAGE = "the row has no image (null)"
@@ -125,13 +133,14 @@ class PartitionInference:
 
     def assemble(self, state: _BatchState) -> pa.RecordBatch:
         """The classify output rows of one input batch: every reply row at its input position (place_rows
-        checks one row per input row), with `path`, `label_name` and the carried columns added."""
+        checks one row per input row), with `path`, `label_name` (classes) and the carried columns added."""
         endpoint = self.plan.endpoint
         replies = place_rows(state.replies, len(state.paths), _reply_schema(self.plan))
-        schema = output_schema(logits=endpoint.logits, embeddings=endpoint.embeddings)
+        schema = output_schema(**layout_of(endpoint))
         columns = dict(zip(replies.schema.names, replies.columns, strict=True))
         columns["path"] = pa.array(state.paths, pa.string())
-        columns["label_name"] = class_names(columns["label"], self.plan.label_names)
+        if "label_name" in schema.names:  # a raw output has no classes to name
+            columns["label_name"] = class_names(columns["label"], self.plan.label_names)
         for name, values in state.carried.items():
             schema = schema.append(pa.field(name, values.type))
             columns[name] = values
@@ -177,7 +186,7 @@ def _stats_on_first_row(rows: pa.RecordBatch, stats: str | None) -> pa.RecordBat
 
 
 def _reply_schema(plan: InferencePlan) -> pa.Schema:
-    return reply_schema(logits=plan.endpoint.logits, embeddings=plan.endpoint.embeddings)
+    return reply_schema(**layout_of(plan.endpoint))
 
 
 def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]], stats_accumulator=None,

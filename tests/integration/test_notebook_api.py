@@ -22,6 +22,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import embed as embed_job
 from spark_cnn.task.launcher import find_sidecars
 from tests.sample_images import broken_files, real_image_files, write_files
+from tests.sidecar_doubles import RAW_GRID_FACTORY, TWO_HEADS_FACTORY, RawGrid
 
 pytestmark = pytest.mark.spark
 
@@ -65,11 +66,15 @@ def test_udf_outputs_equal_the_mapinarrow_path_and_torch(spark, mixed_folder, mo
     topk = spark_cnn.cnn_udf("mobilenet_v3_small", output="topk", **options)
     logits = spark_cnn.cnn_udf("mobilenet_v3_small", output="logits", **options)
     vectors = spark_cnn.cnn_udf("mobilenet_v3_small", output="embedding", **options)
+    raw = spark_cnn.cnn_udf(RAW_GRID_FACTORY, output="raw")  # not a classifier: (N, 2, 3, 3), served beside it
     by_udf = {_local(r["path"]): r for r in images.select(
         "path", top1("content").alias("top1"), topk("content").alias("topk"), logits("content").alias("logits"),
-        vectors("content").alias("embedding")).collect()}
+        vectors("content").alias("embedding"), raw("content").alias("raw")).collect()}
     by_job = {_local(r["path"]): r for r in spark_cnn.classify(
         images, model="mobilenet_v3_small", logits=True, embeddings=True, **options).collect()}
+    raw_frame = spark_cnn.classify(images, model=RAW_GRID_FACTORY, output="raw")
+    assert raw_frame.columns == ["path", "raw", "shape", "error"]
+    by_raw_job = {_local(r["path"]): r for r in raw_frame.collect()}
 
     assert set(by_udf) == set(by_job) == {os.path.join(mixed_folder, p) for p in real_image_files()} | {
         os.path.join(mixed_folder, p) for p in broken_files() if not p.endswith("empty.png")}  # binaryFile skips 0 B
@@ -79,8 +84,13 @@ def test_udf_outputs_equal_the_mapinarrow_path_and_torch(spark, mixed_folder, mo
         if BROKEN in path:
             assert None not in errors and job["error"], path
             assert row["top1"]["label"] is None and row["topk"]["topk"] is None and row["logits"]["logits"] is None
+            assert row["raw"]["error"] and row["raw"]["raw"] is None and by_raw_job[path]["raw"] is None
             continue
         assert errors == {None} and job["error"] is None, (path, errors)
+        for raw_row in (row["raw"], by_raw_job[path]):  # the UDF and mapInArrow: the model's own output
+            assert raw_row["error"] is None and raw_row["shape"] == [2, 3, 3], (path, raw_row["error"])
+            np.testing.assert_allclose(np.reshape(raw_row["raw"], raw_row["shape"]), _reference(RawGrid(), path),
+                                       rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(row["logits"]["logits"], _reference(mobilenet, path), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(row["logits"]["logits"], job["logits"], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(row["embedding"]["embedding"], job["embedding"], rtol=1e-5, atol=1e-5)
@@ -135,6 +145,10 @@ def test_bad_model_fails_when_the_udf_is_created_not_in_a_task(spark, demo_asset
         spark_cnn.cnn_udf("spark_cnn.models.digits:digits_cnn", weights=mobilenet_weights)
     with pytest.raises(ConfigError, match="classes"):
         spark_cnn.cnn_udf("spark_cnn.models.digits:digits_cnn", weights=demo_assets.weights, labels=["a", "b"])
+    with pytest.raises(ModelError, match=r"shape \(1, 2, 3, 3\).*use --output raw"):
+        spark_cnn.cnn_udf(RAW_GRID_FACTORY)
+    with pytest.raises(ModelError, match="returned a dict with keys out, aux"):
+        spark_cnn.classify(_binary_files(spark, demo_assets.images), model=TWO_HEADS_FACTORY, output="raw")
     with pytest.raises(ModelError, match="--layer nope.*features"):
         spark_cnn.embed(_binary_files(spark, demo_assets.images), model="spark_cnn.models.digits:digits_cnn",
                         layer="nope")

@@ -46,6 +46,7 @@ SAMPLES = {
     "decode": ["--decode", "sidecar"], "threads": ["--threads", "2"], "request_timeout_s": ["--request-timeout", "60"],
     "on_error": ["--on-error", "fail"], "max_pixels": ["--max-pixels", "1000"],
     "max_file_bytes": ["--max-file-bytes", "2048"], "logits": ["--logits"], "embeddings": ["--embeddings"],
+    "output_kind": ["--output", "raw"],
     "master": ["--master", "local[1]"], "remote": ["--remote", "sc://127.0.0.1:15002"],
     "summary": ["--summary", "s.json"], "partition_by": ["--partition-by", "label"],
     "overwrite": ["--overwrite"], "quiet": ["--quiet"], "checkpoint": ["--checkpoint", "elsewhere"],
@@ -59,7 +60,7 @@ INFERENCE = {
     "input": PATHS, "output": PATHS,
     "input_format": READER, "glob": READER, "image_column": READER, "path_column": READER, "label_column": READER,
     "storage_options": READER,  # the driver's listing; the tasks get it from the listed source (planning)
-    "model": SIDECAR, "weights": SIDECAR, "top_k": SIDECAR, "layer": SIDECAR, "logits": SIDECAR,
+    "model": SIDECAR, "weights": SIDECAR, "top_k": SIDECAR, "layer": SIDECAR, "logits": SIDECAR, "output_kind": SIDECAR,
     "embeddings": SIDECAR, "resize": SIDECAR, "crop": SIDECAR, "interpolation": SIDECAR, "mean": SIDECAR,
     "std": SIDECAR,
     "batch_size": SIDECAR, "precision": SIDECAR, "channels_last": SIDECAR, "compile": SIDECAR,

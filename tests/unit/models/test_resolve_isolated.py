@@ -10,13 +10,14 @@ import sys
 import pytest
 
 from spark_cnn.models.digits import DIGITS_FACTORY
+from tests.sidecar_doubles import RAW_GRID_FACTORY
 
 # Resolves the model in a child process.
 pytestmark = pytest.mark.slow
 
 SCRIPT = """
 import sys
-from spark_cnn.errors import ConfigError
+from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.models.resolve_isolated import resolve_endpoint_isolated
 from spark_cnn.models.spec import ModelSpec
 resolved = resolve_endpoint_isolated(ModelSpec(%(factory)r), top_k=3, logits=True)
@@ -26,6 +27,12 @@ try:
     resolve_endpoint_isolated(ModelSpec(%(factory)r), top_k=11)
 except ConfigError as e:
     print("ConfigError", e)
+raw = resolve_endpoint_isolated(ModelSpec(%(raw)r), output_kind="raw")
+print("raw:", raw.raw_shape, raw.num_classes, raw.endpoint.output_kind)
+try:
+    resolve_endpoint_isolated(ModelSpec(%(raw)r))
+except ModelError as e:
+    print("ModelError", e)
 print("torch loaded:", "torch" in sys.modules)
 """
 
@@ -35,14 +42,18 @@ def test_child_process_check_matches_in_process_and_keeps_torch_out():
     from spark_cnn.models.spec import ModelSpec
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", SCRIPT % {"factory": DIGITS_FACTORY}], capture_output=True,
-                         text=True, timeout=120, env=env)
+    script = SCRIPT % {"factory": DIGITS_FACTORY, "raw": RAW_GRID_FACTORY}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    first, cached, error, torch_line = out.stdout.strip().splitlines()
+    first, cached, error, raw, refused, torch_line = out.stdout.strip().splitlines()
     expected = resolve_endpoint(ModelSpec(DIGITS_FACTORY), top_k=3, logits=True)
     assert first.split() == ["10", "3", "True", expected.endpoint.fingerprint]
     assert cached == "cached: True"  # the same check again reuses the first answer
     assert error.startswith("ConfigError --top-k 11")
+    # A model that is not a classifier passes the child's check with --output raw; without, it is told to use it.
+    assert raw == "raw: (2, 3, 3) None raw"
+    assert refused.startswith(f"ModelError --model {RAW_GRID_FACTORY}: ") and refused.endswith(
+        "for any other tensor use --output raw (cnn_udf output='raw')")
     assert torch_line == "torch loaded: False"
 
 

@@ -179,7 +179,22 @@ def test_udf_frames_keep_one_row_per_input_and_errors_in_place():
     logits = output_frame(_assembled(logits=True), "logits", None)
     assert list(logits.columns) == ["logits", "error"] and logits["logits"][1] is None
     assert list(logits["logits"][2]) == list(range(10, 20))
-    assert set(OUTPUT_TYPES) == {"top1", "topk", "logits", "embedding"}
+    assert set(OUTPUT_TYPES) == {"top1", "topk", "logits", "embedding", "raw"}
+
+
+def test_raw_rows_are_assembled_without_classes_and_become_the_udf_struct():
+    endpoint = resolve_endpoint(ModelSpec(DIGITS_FACTORY), output_kind="raw").endpoint
+    plan = InferencePlan(endpoint=endpoint, launch=LaunchOptions(app_id="a"), job_id="j")
+    schema = reply_schema(output_kind="raw")
+    values = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
+    state = _BatchState(["a", "b", "c"], replies=[([2, 0], reply_batch({"raw": values}, None, schema)),
+                                                  ([1], failed_rows(["cannot decode image"], schema))])
+    rows = PartitionInference(plan).assemble(state)
+    assert rows.schema.equals(output_schema(output_kind="raw"))
+    assert rows.column("raw").to_pylist() == [values[1].ravel().tolist(), None, values[0].ravel().tolist()]
+    frame = output_frame(rows, "raw", None)
+    assert list(frame.columns) == ["raw", "shape", "error"] and frame["shape"][1] is None
+    assert list(frame["shape"][0]) == [2, 3] and frame["error"].tolist() == [None, "cannot decode image", None]
 
 
 def test_embed_command_flags_make_an_embedding_config():

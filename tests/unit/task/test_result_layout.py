@@ -36,6 +36,7 @@ def test_udf_structs_are_the_documented_contract():
         "topk": "struct<topk:array<struct<label:int,label_name:string,score:float>>,error:string>",
         "logits": "struct<logits:array<float>,error:string>",
         "embedding": "struct<embedding:array<float>,error:string>",
+        "raw": "struct<raw:array<float>,shape:array<int>,error:string>",
     }
 
 
