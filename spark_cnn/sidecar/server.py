@@ -214,11 +214,17 @@ class Connection:
             images = protocol.decode_request(frame.payload)
             if not len(images):
                 raise SidecarError("an INFER request with no images")
-            files = not isinstance(images, np.ndarray)
+            sized = isinstance(images, protocol.SizedImages)
+            if sized != service.runner.endpoint.sized:
+                raise SidecarError(f"{'images of their own sizes' if sized else 'fixed-size images'} for a model "
+                                   f"that takes {'fixed-size crops' if sized else 'images at their own sizes'}")
+            files = not sized and not isinstance(images, np.ndarray)
             if files != (decode in SIDECAR_DECODES):
                 raise SidecarError(f"{'image files' if files else 'decoded pixels'} on a connection that agreed "
                                    f"to decode in {decode!r}; send {'pixels' if files else 'files'}")
-            if not files:
+            if sized:
+                pixels = images
+            elif not files:
                 if images.shape[1:] != prep.pixel_shape:
                     raise SidecarError(f"images of shape {images.shape[1:]}, the model expects {prep.pixel_shape}")
                 pixels = images
@@ -306,7 +312,9 @@ class SidecarServer:
         the tuner corrects either from measured batches."""
         max_size = MAX_AUTO_BATCH_ROWS.get(self.device.type, self.auto_batch_rows)
         start, predicted = self.auto_batch_rows, None
-        if not runner.options.compile:  # tracing a compiled module would compile it again
+        # Tracing a compiled module would compile it again; the time model covers fixed-size classifiers only
+        # (a detector's cost depends on its boxes): the online tuner sizes the others' batches alone.
+        if not runner.options.compile and not runner.endpoint.sized:
             try:
                 from spark_cnn.perf.startpoint import predicted_start
 
