@@ -32,6 +32,9 @@ PARTITION_COLUMNS = ("label", "label_name", "true_label")
 # field's own (InputOptions.format is --input-format).
 NESTED = "spark_cnn.nested"
 OPTION_NAME = "spark_cnn.option"
+# COMMAND_ONLY: set by the command that runs (detect and segment set `task`; detect has --min-score and
+# --max-detections), so never a preset key or spark.cnn.* setting of a command without that flag.
+COMMAND_ONLY = "spark_cnn.command_only"
 
 
 def nested(default=MISSING):
@@ -104,9 +107,11 @@ class InferenceOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs and is replaced
-    task: str = "classify"  # classify | detect | segment (task/schema.py TASKS): what the model must compute
-    min_score: float = 0.0  # detect: drop boxes scoring less
-    max_detections: int | None = None  # detect: keep at most this many boxes per image (None: the model's limit)
+    # classify | detect | segment (task/schema.py TASKS): what the model must compute
+    task: str = field(default="classify", metadata={COMMAND_ONLY: True})
+    min_score: float = field(default=0.0, metadata={COMMAND_ONLY: True})  # detect: drop boxes scoring less
+    # detect: keep at most this many boxes per image (None: the model's own limit)
+    max_detections: int | None = field(default=None, metadata={COMMAND_ONLY: True})
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):

@@ -162,7 +162,8 @@ def _resolve_dense(spec: ModelSpec, module, weights: ResolvedWeights, own: Prepr
     base = own or declared_preprocessing(module)
     if base is None and task == "segment":
         base = Preprocessing(resize=DEFAULT_SEGMENT_SHORT_SIDE, crop=DEFAULT_SEGMENT_SHORT_SIDE)
-    prep = spec.preprocessing_over(base or Preprocessing())
+    merged = {**(base or Preprocessing()).to_dict(), **(spec.preprocessing or {})}
+    prep = Preprocessing(**{**merged, "crop": merged["resize"]})  # nothing is cropped: the crop follows the resize
     if task == "detect":
         sizing = detect_sizing(module)
         probe = [torch.zeros((3, PROBE_SIDE, PROBE_SIDE))]
@@ -173,7 +174,8 @@ def _resolve_dense(spec: ModelSpec, module, weights: ResolvedWeights, own: Prepr
         with torch.inference_mode():
             out = module(probe)
     except Exception as e:
-        found = _probe_task(module, PROBE_SIDE) if task == "detect" else None
+        with torch.inference_mode():
+            found = _probe_task(module, prep.crop)  # at the model's own input size: a classifier may need it
         if found is not None and found != task:
             raise ConfigError(wrong_command(spec.source, found, task)) from e
         raise ModelError(f"--model {spec.source} failed on a blank {PROBE_SIDE}x{PROBE_SIDE} image as a "

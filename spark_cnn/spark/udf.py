@@ -23,7 +23,14 @@ from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.frames import inference_options
 from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.spark.session import is_connect
-from spark_cnn.task.schema import NAMED_TOPK_ITEM, UDF_OUTPUTS, class_names, spark_type, udf_output_type
+from spark_cnn.task.schema import (
+    NAMED_TOPK_ITEM,
+    UDF_OUTPUT_TASKS,
+    UDF_OUTPUTS,
+    class_names,
+    spark_type,
+    udf_output_type,
+)
 from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
 
 # Each output is a struct, so that every row carries its `error` next to the values (null where fine).
@@ -69,6 +76,10 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
     - "logits": `logits array<float>`, `error`
     - "embedding": `embedding array<float>` (last Linear layer's input, or `layer`'s output averaged over
       space), `error`
+    - "detections" (a detector): `detections array<struct<label int, label_name string, score float,
+      box array<float>>>` in the input image's pixels, best first, `error` (`min_score`, `max_detections`)
+    - "segments" (a segmenter): `mask binary` (PNG of class indices at the input's size), `classes
+      array<struct<label int, label_name string, pixels bigint>>`, `error`
 
     `label_name` is null without `labels` (a file of class names, one per line, or a list of names). A bad
     image gives a row with `error` set, unless `on_error="fail"`. The model is loaded and checked on the
@@ -94,7 +105,9 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConfigError("cnn_udf needs a SparkSession: create one first (spark_cnn.spark_session()) or pass spark=")
-    opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding", **options)
+    task = UDF_OUTPUT_TASKS.get(output, "classify")
+    dense = {"task": task} if task != "classify" else {}
+    opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding", **dense, **options)
     plan = start_inference(spark, opts, check_model(opts))
     stats = None if is_connect(spark) else spark.sparkContext.accumulator({}, SidecarStatsParam())
     return CnnUdf(plan, output, stats)
