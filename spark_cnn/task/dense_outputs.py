@@ -37,10 +37,10 @@ def label_names_of(labels: pa.Array, names: Sequence[str] | None) -> pa.Array:
 
 def named_detections(detections: pa.ListArray, names: Sequence[str] | None) -> pa.ListArray:
     """list<struct<label, score, box>> -> list<struct<label, label_name, score, box>>, nulls kept."""
-    items = detections.flatten()
-    labels = items.field("label")
-    named = pa.StructArray.from_arrays([labels, label_names_of(labels, names), items.field("score"),
-                                        items.field("box")], fields=list(NAMED_DETECTION_ITEM))
+    # StructArray.flatten, not .field(): a field ignores the offset of a sliced or taken struct array.
+    labels, scores, boxes = detections.flatten().flatten()
+    named = pa.StructArray.from_arrays([labels, label_names_of(labels, names), scores, boxes],
+                                       fields=list(NAMED_DETECTION_ITEM))
     return pa.ListArray.from_arrays(_offsets(detections), named, type=pa.list_(NAMED_DETECTION_ITEM),
                                     mask=detections.is_null())
 

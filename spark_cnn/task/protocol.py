@@ -260,7 +260,7 @@ def _sized_from(batch: pa.RecordBatch) -> SizedImages:
             not pa.types.is_int32(t) for t in batch.schema.types[1:]):
         raise SidecarError(f"a sized INFER payload must have columns {expected} (large_binary, then int32), got "
                            f"{batch.schema}")
-    if batch.null_count:
+    if any(column.null_count for column in batch.columns):
         raise SidecarError("a sized INFER payload with null values")
     heights, widths, source_h, source_w = (batch.column(name).to_numpy() for name in SIZED_COLUMNS)
     column = batch.column(0)
