@@ -84,8 +84,8 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     prep = spec.preprocessing_over(own or declared_preprocessing(module) or Preprocessing())
     if embedding_layer is not None and not embeddings:
         raise ConfigError("--layer picks the embedding layer: it needs embeddings on")
-    probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer)
     try:
+        probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer)
         with torch.inference_mode():
             out = probe.predict(torch.zeros((1, 3, prep.crop, prep.crop)))
     except ModelError as e:

@@ -15,6 +15,7 @@ TINY_SEGMENTER = "spark_cnn.models.tiny_dense:tiny_segmenter"
 TINY_CLASSES = 3  # background and two classes
 # The detector's own resize rule: small images keep the forward cheap on a CPU.
 TINY_MIN_SIZE, TINY_MAX_SIZE = 128, 192
+TINY_PROPOSALS = 200  # region proposals per image: the RoI heads' cost on a CPU
 
 
 def tiny_detector(num_classes: int = TINY_CLASSES) -> nn.Module:
@@ -27,10 +28,9 @@ def tiny_detector(num_classes: int = TINY_CLASSES) -> nn.Module:
     backbone.out_channels = 8
     anchors = AnchorGenerator(sizes=((16, 32),), aspect_ratios=((0.5, 1.0, 2.0),))
     pool = MultiScaleRoIAlign(featmap_names=["0"], output_size=7, sampling_ratio=2)
-    # Every proposal kept (no cut by rank): equal scores, as a flat region gives, never decide which boxes exist.
     model = FasterRCNN(backbone, num_classes=num_classes, rpn_anchor_generator=anchors, box_roi_pool=pool,
                        min_size=TINY_MIN_SIZE, max_size=TINY_MAX_SIZE, box_score_thresh=0.0,
-                       box_detections_per_img=20, rpn_pre_nms_top_n_test=10_000, rpn_post_nms_top_n_test=10_000)
+                       box_detections_per_img=20, rpn_post_nms_top_n_test=TINY_PROPOSALS)
     # One stride-4 convolution takes any size: no padding, so an image's boxes never depend on zeros around it.
     model.transform.size_divisible = 1
     return model.eval()
