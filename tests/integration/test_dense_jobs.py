@@ -205,3 +205,11 @@ def test_segment_job_masks_are_the_models_own_at_input_size(spark, dense_folder,
         labels_seen.update(c["label"] for c in row["classes"])
     assert summary["images"] == len(rows) and summary["errors"] == 3
     assert len(labels_seen) > 1, "every pixel of every image in one class: the mask comparison checked little"
+
+    images = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(dense_folder)
+    udf = cnn_udf(SEGMENTER, weights=dense_weights[SEGMENTER], output="segments",
+                  preprocessing={"resize": SEGMENT_SIDE}, batch_size=4)
+    for r in images.select("path", udf("content").alias("pred")).collect():
+        row, pred = rows[urlparse(r["path"]).path], r["pred"].asDict(recursive=True)
+        assert (pred["mask"], pred["classes"], pred["error"] is None) == (row["mask"], row["classes"],
+                                                                          row["error"] is None)
