@@ -32,7 +32,7 @@ from spark_cnn.sidecar.fault_injection import injected_start_faults
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
 from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, resolve_device
-from spark_cnn.sidecar.service import InferRequest, ModelService
+from spark_cnn.sidecar.service import MAX_QUEUED_BATCHES, InferRequest, ModelService
 from spark_cnn.task import protocol
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S, check_private_dir
 from spark_cnn.task.procs import ProcessId, is_alive
@@ -48,6 +48,9 @@ AUTO_BATCH_ROWS = {"cpu": 8, "cuda": 64}
 # The online tuner explores up to these sizes: a CPU gains nothing past a few dozen images per batch, and
 # 512 images of 224 px are ~300 MB of float32 input, still small beside a data-centre GPU's memory.
 MAX_AUTO_BATCH_ROWS = {"cpu": 64, "cuda": 512}
+# Queue bound, in batches, for images at their own sizes (detectors, segmenters): one such image is up to ~20x a
+# 224 px crop (800 x 1333 x 3 = 3.2 MB), so the queue holds fewer batches than a classifier's (service.py).
+SIZED_QUEUED_BATCHES = 2
 # How often the main thread checks the executor process and the idle timer.
 WATCH_INTERVAL_S = 0.5
 # Requests one connection may have unanswered; its reader stops reading beyond that, so a client that sends
@@ -294,8 +297,10 @@ class SidecarServer:
                 tuner = None
                 if not options.batch_size:
                     rows, tuner = self._auto_start(runner)
+                queued = SIZED_QUEUED_BATCHES if endpoint.sized else MAX_QUEUED_BATCHES
                 service = ModelService(runner, rows, self.stats, tuner=tuner, on_sticky=self.retire,
-                                       compute_workers=cpu_compute_workers(self.device, self.settings.threads))
+                                       compute_workers=cpu_compute_workers(self.device, self.settings.threads),
+                                       max_queued_batches=queued)
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
                          "loaded" if loaded else "serving", endpoint.source, endpoint.fingerprint, self.device,
