@@ -34,3 +34,16 @@ def test_bad_detect_options_stop_before_the_model_loads(flags, says, tmp_path, c
     assert main(["detect", str(tmp_path / "in"), str(tmp_path / "out"), "--model", TINY_DETECTOR, *flags]) == \
         EXIT_ERROR
     assert says in capsys.readouterr().err
+
+
+def test_a_detect_preset_resolves_to_a_detect_config(tmp_path):
+    from spark_cnn.cli import detect
+    from spark_cnn.cli.run import resolve_preset
+
+    preset = tmp_path / "boxes.yaml"
+    preset.write_text(f"job: detect\ninput: in/\noutput: out/\nmodel: {TINY_DETECTOR}\nmin-score: 0.3\n")
+    job, values = resolve_preset(str(preset), ["--max-detections", "4"], spark_conf={"spark.cnn.batchSize": "2"})
+    config = detect.classify.config_from({**values, "task": job})
+    assert job == "detect"
+    assert (config.inference.task, config.inference.min_score, config.inference.max_detections,
+            config.inference.batch_size) == ("detect", 0.3, 4, 2)
