@@ -18,8 +18,8 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import ModelSpec
 
 __all__ = ["ClassifyConfig", "ConfigError", "ImageError", "InferenceOptions", "InputError", "ModelError",
-           "ModelSpec", "Preprocessing", "SidecarError", "SparkCnnError", "classify", "cnn_udf", "embed",
-           "spark_session"]
+           "ModelSpec", "Preprocessing", "SidecarError", "SparkCnnError", "classify", "cnn_udf", "detect", "embed",
+           "segment", "spark_session"]
 __version__ = "0.1.0"
 
 
@@ -51,6 +51,31 @@ def embed(data, **options):
     from spark_cnn.spark.frames import embed as embed_frame
 
     return embed_frame(data, **options)
+
+
+def detect(data, **options):
+    """Detect objects: `detect(df, model=..., min_score=..., max_detections=...)` -> a lazy DataFrame of
+    `path, detections, error` (see `spark_cnn.spark.frames.detect`); `detect(ClassifyConfig(...))` runs the
+    detect job and returns its summary (see `spark_cnn.spark.classify_job.detect`)."""
+    if isinstance(data, ClassifyConfig):
+        from spark_cnn.spark.classify_job import detect as run
+
+        return run(data, **options)
+    from spark_cnn.spark.frames import detect as detect_frame
+
+    return detect_frame(data, **options)
+
+
+def segment(data, **options):
+    """Segment images: `segment(df, model=...)` -> a lazy DataFrame of `path, mask, classes, error` (see
+    `spark_cnn.spark.frames.segment`); `segment(ClassifyConfig(...))` runs the segment job."""
+    if isinstance(data, ClassifyConfig):
+        from spark_cnn.spark.classify_job import segment as run
+
+        return run(data, **options)
+    from spark_cnn.spark.frames import segment as segment_frame
+
+    return segment_frame(data, **options)
 
 
 def cnn_udf(model="resnet50", **options):

@@ -16,7 +16,7 @@ from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_ROWS, R
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.task.object_store import StorageOptions
 from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
-from spark_cnn.task.schema import CLASSES, OUTPUT_KINDS, RAW
+from spark_cnn.task.schema import CLASSES, OUTPUT_KINDS, RAW, TASKS
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 ON_ERROR_CHOICES = ("record", "fail")
@@ -33,6 +33,9 @@ PARTITION_COLUMNS = ("label", "label_name", "true_label")
 # field's own (InputOptions.format is --input-format).
 NESTED = "spark_cnn.nested"
 OPTION_NAME = "spark_cnn.option"
+# COMMAND_ONLY: set by the command that runs (detect and segment set `task`; detect has --min-score and
+# --max-detections), so never a preset key or spark.cnn.* setting of a command without that flag.
+COMMAND_ONLY = "spark_cnn.command_only"
 
 
 def nested(default=MISSING):
@@ -107,10 +110,16 @@ class InferenceOptions:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs and is replaced
     device_profile: str | None = None  # an exported device profile (file) the sidecars start from
+    # classify | detect | segment (task/schema.py TASKS): what the model must compute
+    task: str = field(default="classify", metadata={COMMAND_ONLY: True})
+    min_score: float = field(default=0.0, metadata={COMMAND_ONLY: True})  # detect: drop boxes scoring less
+    # detect: keep at most this many boxes per image (None: the model's own limit)
+    max_detections: int | None = field(default=None, metadata={COMMAND_ONLY: True})
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
             raise ConfigError(f"model must be a ModelSpec, got {type(self.model).__name__}")
+        _check_task_options(self)
         if self.labels is not None and not isinstance(self.labels, str):
             names = tuple(str(name) for name in self.labels)
             if not names:
@@ -176,6 +185,33 @@ def _checked_profile_text(path: str, stamp: int | None) -> str:
     from spark_cnn.perf.calibration import read_profile_file
 
     return read_profile_file(path).to_json()
+
+
+def _check_task_options(options: InferenceOptions) -> None:
+    """Options that fit one task only: classification heads, detection limits, and where images decode (detectors
+    and segmenters take images at their own sizes, which the tasks make)."""
+    if options.task not in TASKS:
+        raise ConfigError(f"task {options.task!r}: expected one of {', '.join(TASKS)}")
+    if options.task == "classify":
+        given = [flag for flag, value in (("--min-score", options.min_score != 0.0),
+                                          ("--max-detections", options.max_detections is not None)) if value]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: for spark-cnn detect, not classify")
+        return
+    heads = [flag for flag, value in (("--logits", options.logits), ("--embeddings", options.embeddings),
+                                      ("--top-k", options.top_k is not None), ("--layer", options.layer),
+                                      ("--output raw", options.output_kind == RAW)) if value]
+    if heads:
+        raise ConfigError(f"{', '.join(heads)}: classification outputs; {options.task} writes its own columns")
+    if options.decode not in ("auto", "task"):
+        raise ConfigError(f"--decode {options.decode}: {options.task} sends each image at its own size, which the "
+                          "Spark tasks make; use --decode auto or task")
+    if options.task == "segment" and (options.min_score != 0.0 or options.max_detections is not None):
+        raise ConfigError("--min-score and --max-detections are for spark-cnn detect, not segment")
+    if not 0.0 <= options.min_score <= 1.0:
+        raise ConfigError(f"--min-score {options.min_score}: expected a score between 0 and 1")
+    if options.max_detections is not None and options.max_detections < 1:
+        raise ConfigError(f"--max-detections {options.max_detections}: expected a positive integer")
 
 
 # How pyspark names a Spark Connect server: `sc://host:port[/;params]`, or `local[...]` for one it starts itself.

@@ -16,12 +16,14 @@ from spark_cnn.cli import (
     bench_decode,
     classify,
     demo,
+    detect,
     doctor,
     embed,
     etl,
     perf,
     perf_validate,
     run,
+    segment,
     submit,
     to_petastorm,
 )
@@ -30,8 +32,8 @@ from spark_cnn.errors import SparkCnnError
 EXIT_ERROR = 2
 
 # In the order `spark-cnn --help` lists them.
-COMMAND_MODULES = (classify, embed, etl, run, demo, bench, bench_compare, bench_decode, perf, perf_validate,
-                   to_petastorm, submit, doctor)
+COMMAND_MODULES = (classify, embed, detect, segment, etl, run, demo, bench, bench_compare, bench_decode, perf,
+                   perf_validate, to_petastorm, submit, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,14 +77,22 @@ def add_on_error(group) -> None:
                        help="an unreadable image: record it in the error column, or fail the job")
 
 
-def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False) -> None:
-    """The options of classify; `embed=True`: those of embed (--layer instead of labels, top-k and extra columns)."""
+# Each command's default model: small torchvision models that run on a CPU.
+DEFAULT_MODELS = {"classify": "resnet50", "detect": "fasterrcnn_mobilenet_v3_large_320_fpn",
+                  "segment": "lraspp_mobilenet_v3_large"}
+
+
+def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False, task: str = "classify") -> None:
+    """The options of classify; `embed=True`: those of embed (--layer instead of labels, top-k and extra columns);
+    `task` detect or segment: those of detect and segment (no classification heads; detect's own limits, segment's
+    resize)."""
     add_input_options(parser)
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default="resnet50",
+    model.add_argument("--model", default=DEFAULT_MODELS[task],
                        help="torchvision model name, TorchScript file, module:factory, timm:NAME[.TAG] (the timm "
                             "extra), or an MLflow PyTorch model: models:/NAME/VERSION, models:/NAME@ALIAS, "
-                            "runs:/RUN_ID/PATH or a local MLflow model directory (the mlflow extra); default resnet50")
+                            "runs:/RUN_ID/PATH or a local MLflow model directory (the mlflow extra); default "
+                            f"{DEFAULT_MODELS[task]}")
     model.add_argument("--weights", help="state_dict file (loaded with weights_only=True); for a torchvision model "
                                          "also its weights by name (DEFAULT, IMAGENET1K_V2, ResNet50_Weights."
                                          "IMAGENET1K_V2: from TORCH_HOME's cache, else downloaded once); for a timm "
@@ -96,14 +104,14 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     else:
         model.add_argument("--labels", help="class names, one per line, in class-index order (default: the named "
                                             "torchvision weights' categories, or timm's pretrained label names)")
+    if task == "classify" and not embed:
         model.add_argument("--top-k", type=int, help="classes to keep per image (default: min(5, classes))")
-    model.add_argument("--resize", type=int, help="shorter side before cropping (default: the weights' or the "
-                                                  "model's, else 256)")
-    model.add_argument("--crop", type=int, help="centre crop size (default: the weights' or the model's, else 224)")
-    model.add_argument("--interpolation", choices=INTERPOLATIONS,
-                       help="resize filter (default: the weights' or the model's, else bilinear)")
-    model.add_argument("--mean", type=floats, help="normalisation mean, R,G,B (default: the weights', else ImageNet)")
-    model.add_argument("--std", type=floats, help="normalisation std, R,G,B (default: the weights', else ImageNet)")
+    if task == "detect":
+        model.add_argument("--min-score", type=float, help="drop boxes scoring less (default 0: all the model keeps)")
+        model.add_argument("--max-detections", type=int,
+                           help="keep at most this many boxes per image, best first (default: the model's limit)")
+    else:
+        add_preprocessing_options(model, crop=task == "classify")
     run = parser.add_argument_group("run")
     run.add_argument("--master", help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
     run.add_argument("--remote", metavar="sc://HOST:PORT",
@@ -129,7 +137,7 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     add_on_error(run)
     add_decode_limits(run)
     out = parser.add_argument_group("output")
-    if not embed:
+    if not embed and task == "classify":
         out.add_argument("--output", dest="output_kind", default=CLASSES, choices=OUTPUT_KINDS, metavar="KIND",
                          help="classes: label, score, top-k (default); raw: the model's one output tensor per image "
                               "as `raw` (array<float>, row-major) and `shape` (array<int>), for any model that is "
@@ -137,19 +145,35 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
         out.add_argument("--logits", action="store_true", help="add the logits column")
         out.add_argument("--embeddings", action="store_true", help="add the embedding column (last layer's input)")
     out.add_argument("--summary", help="also write the JSON summary here")
-    out.add_argument("--partition-by", choices=PARTITION_COLUMNS,
-                     help="partition the Parquet output by this column")
+    if task == "classify":
+        out.add_argument("--partition-by", choices=PARTITION_COLUMNS,
+                         help="partition the Parquet output by this column")
     out.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     out.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
-def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False, embed: bool = False) -> None:
-    """INPUT, OUTPUT and every classify (or embed) option. From a preset, INPUT and OUTPUT may come from the file."""
+def add_preprocessing_options(group, *, crop: bool = True) -> None:
+    """How images become model input: resize (and crop, for classifiers), filter, normalisation."""
+    group.add_argument("--resize", type=int, help="shorter side before cropping (default: the weights' or the "
+                                                  "model's, else 256)" if crop else
+                       "shorter side the image is sent at (default: the weights', else 520)")
+    if crop:
+        group.add_argument("--crop", type=int, help="centre crop size (default: the weights' or the model's, else 224)")
+    group.add_argument("--interpolation", choices=INTERPOLATIONS,
+                       help="resize filter (default: the weights' or the model's, else bilinear)")
+    group.add_argument("--mean", type=floats, help="normalisation mean, R,G,B (default: the weights', else ImageNet)")
+    group.add_argument("--std", type=floats, help="normalisation std, R,G,B (default: the weights', else ImageNet)")
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False, embed: bool = False,
+                  task: str = "classify") -> None:
+    """INPUT, OUTPUT and every classify (or embed, detect, segment) option. From a preset, INPUT and OUTPUT may come
+    from the file."""
     positional = {"nargs": "?"} if from_preset else {}
     parser.add_argument("input", metavar="INPUT", help="folder of images (searched recursively), path or URI",
                         **positional)
     parser.add_argument("output", metavar="OUTPUT", help="Parquet output directory, path or URI", **positional)
-    add_classify_options(parser, embed=embed)
+    add_classify_options(parser, embed=embed, task=task)
 
 
 def register(commands) -> None:
@@ -160,23 +184,27 @@ def register(commands) -> None:
 
 
 @functools.cache
-def option_table(embed: bool = False) -> dict[str, Option]:
-    """Every classify (or embed) option: the parser's, then ClassifyConfig's fields without a flag."""
+def option_table(embed: bool = False, task: str = "classify") -> dict[str, Option]:
+    """Every classify (or embed, detect, segment) option: the parser's, then ClassifyConfig's fields without a
+    flag."""
     from spark_cnn.config import ClassifyConfig
 
     parser = argparse.ArgumentParser(add_help=False)
-    add_arguments(parser, embed=embed)
+    add_arguments(parser, embed=embed, task=task)
     return resolution.option_table(parser, ClassifyConfig)
 
 
 def classify_config(args: argparse.Namespace, *, embed: bool = False, preset: dict | None = None,
-                    preset_name: str = "preset", spark_conf: dict | None = None):
+                    preset_name: str = "preset", spark_conf: dict | None = None, task: str = "classify"):
     """ClassifyConfig from parsed flags, over a preset, over spark.cnn.* settings, over defaults. `embed=True`:
-    the embed command's options (no labels, top-k or extra columns; the embedding on, from `--layer`)."""
-    values = resolution.resolve(option_table(embed), flags=given(args), preset=preset, preset_name=preset_name,
-                             spark_conf=spark_conf)
+    the embed command's options (no labels, top-k or extra columns; the embedding on, from `--layer`); `task`:
+    detect's or segment's."""
+    values = resolution.resolve(option_table(embed, task), flags=given(args), preset=preset,
+                                preset_name=preset_name, spark_conf=spark_conf)
     if embed:
         values.update(embeddings=True, logits=False, labels=None, top_k=None)
+    if task != "classify":
+        values.update(task=task)
     return config_from(values)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spark_cnn.config import NESTED, OPTION_NAME
+from spark_cnn.config import COMMAND_ONLY, NESTED, OPTION_NAME
 from spark_cnn.errors import ConfigError
 
 SPARK_CONF_PREFIX = "spark.cnn."
@@ -77,8 +77,8 @@ def option_table(parser: argparse.ArgumentParser, *configs: type) -> dict[str, O
     for config in configs:
         for name, leaf in config_fields(config).items():
             kind = _scalar_type(leaf.hint)
-            if name in table or kind is None:
-                continue  # covered by a flag, or not a value one can write (e.g. the ModelSpec)
+            if name in table or kind is None or leaf.field.metadata.get(COMMAND_ONLY):
+                continue  # covered by a flag, not a value one can write (e.g. the ModelSpec), or the command's
             default = leaf.field.default if leaf.field.default is not dataclasses.MISSING else None
             table[name] = Option(name=name, default=default, switch=kind is bool,
                                  convert=kind if kind in (int, float) else None)

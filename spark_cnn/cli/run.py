@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import argparse
 
-from spark_cnn.cli import classify, etl, resolution
+from spark_cnn.cli import classify, detect, etl, resolution, segment
 from spark_cnn.errors import ConfigError
 
 # The jobs a preset can name: each module has add_arguments(parser, from_preset=), option_table() and execute().
-JOBS = {"classify": classify, "etl": etl}
+JOBS = {"classify": classify, "detect": detect, "etl": etl, "segment": segment}
 
 
 def register(commands) -> None:
     parser = commands.add_parser("run", help="run a YAML job preset (conf/*.yaml); flags after it override it")
-    parser.add_argument("preset", metavar="PRESET.yaml", help="job preset: `job: classify|etl` and its options")
+    parser.add_argument("preset", metavar="PRESET.yaml",
+                        help="job preset: `job: classify|detect|segment|etl` and its options")
     parser.add_argument("overrides", nargs=argparse.REMAINDER, metavar="...",
                         help="the job's own flags, over the preset's values")
     parser.set_defaults(run=run)

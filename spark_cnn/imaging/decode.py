@@ -28,6 +28,7 @@ EXIF_ORIENTATION = 0x0112
 UPRIGHT = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
            5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
            8: Image.Transpose.ROTATE_90}
+TRANSPOSING = (5, 6, 7, 8)  # orientations whose upright picture swaps width and height
 DCT_SCALES = (8, 4, 2)  # the power-of-two reductions libjpeg offers (Pillow's draft takes only these)
 JPEG_FORMATS = ("JPEG", "MPO")  # MPO: the multi-picture JPEGs some cameras write; the first picture is a JPEG
 FAST_JPEG_MODES = ("RGB", "L")  # CMYK/YCCK JPEGs go through Pillow, which undoes Adobe's inversion
@@ -53,6 +54,13 @@ def decode_rgb(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
     return image if box is None or box == (0, 0, *image.size) else image.crop(tuple(round(v) for v in box))
 
 
+def decode_sized(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *, min_short_side: int | None = None
+                 ) -> tuple[Image.Image, tuple[float, ...] | None, tuple[int, int]]:
+    """`decode_for_resize`, plus the upright picture's full (width, height): what a reduced-scale decode no
+    longer shows, and what output coordinates (boxes, masks) refer to."""
+    return _decode(data, options, min_short_side)
+
+
 def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
                       min_short_side: int | None = None) -> tuple[Image.Image, tuple[float, ...] | None]:
     """Like decode_rgb, plus the box (left, top, right, bottom, in the returned image's pixels) that holds the
@@ -62,13 +70,20 @@ def decode_for_resize(data: bytes, options: DecodeOptions = DEFAULT_DECODE, *,
     less than s source pixels; resizing from the box (`Image.resize(..., box=)`) keeps the geometry of a
     full decode exactly.
     """
+    image, box, _ = _decode(data, options, min_short_side)
+    return image, box
+
+
+def _decode(data: bytes, options: DecodeOptions, min_short_side: int | None
+            ) -> tuple[Image.Image, tuple[float, ...] | None, tuple[int, int]]:
     check_file_size(data, options)
     try:
         with _quiet_pillow_bomb_warning():
             image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except UnidentifiedImageError as e:
         if tiff.is_tiff(data) and tiff.available():
-            return _decode_tiff_fallback(data, options), None
+            tiff_image = _decode_tiff_fallback(data, options)
+            return tiff_image, None, tiff_image.size
         refused = refused_format(data)
         if refused:
             raise ImageError(f"cannot decode image: the file is in the {refused} format (by its first bytes); only "
@@ -140,7 +155,7 @@ def check_pixels(width: int, height: int, options: DecodeOptions = DEFAULT_DECOD
 
 
 def _decode_pixels(data: bytes, image: Image.Image, options: DecodeOptions, min_short_side: int | None
-                   ) -> tuple[Image.Image, tuple[float, ...] | None]:
+                   ) -> tuple[Image.Image, tuple[float, ...] | None, tuple[int, int]]:
     width, height = image.size
     jpeg = image.format in JPEG_FORMATS
     orientation = _orientation(image) if jpeg else None  # JPEG's EXIF precedes its pixels
@@ -167,7 +182,8 @@ def _decode_pixels(data: bytes, image: Image.Image, options: DecodeOptions, min_
         raise ImageError(f"cannot decode image: decoded {decoded.size}, expected {width}x{height} / {scale}")
     box = None if scale == 1 else _upright_box(decoded.size, (width / scale, height / scale), orientation)
     upright = decoded.transpose(UPRIGHT[orientation]) if orientation in UPRIGHT else decoded
-    return to_rgb(upright), box
+    full = (height, width) if orientation in TRANSPOSING else (width, height)
+    return to_rgb(upright), box, full
 
 
 def _upright_box(decoded: tuple[int, int], picture: tuple[float, float], orientation: int

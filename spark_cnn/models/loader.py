@@ -66,13 +66,21 @@ def declared_preprocessing(module: nn.Module) -> Preprocessing | None:
     return Preprocessing.from_dict(dict(declared)) if declared else None
 
 
+def torchvision_names() -> list[str]:
+    """The torchvision models `--model NAME` builds: classification, detection and segmentation."""
+    return [name for module in (torchvision.models, torchvision.models.detection, torchvision.models.segmentation)
+            for name in torchvision.models.list_models(module=module)]
+
+
 def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained: bool = False,
                        weights_enum: str | None = None) -> nn.Module:
-    known = torchvision.models.list_models(module=torchvision.models)
-    if name not in known:
-        raise ModelError(f"--model {name}: unknown model; use a torchvision classification model name "
-                         f"(e.g. resnet50, mobilenet_v3_small), a TorchScript file, or module:factory")
+    if name not in torchvision_names():
+        raise ModelError(f"--model {name}: unknown model; use a torchvision classification, detection or "
+                         f"segmentation model name (e.g. resnet50, fasterrcnn_mobilenet_v3_large_320_fpn, "
+                         f"lraspp_mobilenet_v3_large), a TorchScript file, or module:factory")
     extra = {}
+    if name in _dense_names():
+        extra["weights_backbone"] = None  # never the ImageNet backbone download: the whole model's weights follow
     if weights_enum is not None:
         from spark_cnn.models.tv_weights import builder_arguments
 
@@ -85,6 +93,15 @@ def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained:
         if pretrained:
             extra["transform_input"] = True
     return torchvision.models.get_model(name, weights=None, **extra)
+
+
+def _dense_names() -> set[str]:
+    return set(torchvision.models.list_models(module=torchvision.models.detection)) | set(
+        torchvision.models.list_models(module=torchvision.models.segmentation))
+
+
+# Segmenters' auxiliary heads serve training only; torchvision's weights files carry them.
+SEGMENT_AUX_PREFIX = "aux_classifier."
 
 
 def _from_factory(source: str) -> nn.Module:
@@ -111,6 +128,8 @@ def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: st
     kind = model_kind(source)
     torchvision_model = kind == "torchvision"
     aux_prefixes = AUX_HEAD_MODELS.get(source, ()) if torchvision_model else ()
+    if torchvision_model and source in _dense_names():
+        aux_prefixes = (SEGMENT_AUX_PREFIX,)
     if aux_prefixes:
         state = _keeping_metadata({k: v for k, v in state.items() if not k.startswith(aux_prefixes)}, state)
     if torchvision_model and source.startswith("densenet"):
@@ -121,7 +140,8 @@ def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: st
     except RuntimeError as e:
         first_error = e
     # A torchvision or timm model fine-tuned to another class count: rebuild it with the count the weights carry.
-    classes = _classifier_classes(state)
+    classes = _dense_classes(source, state) if torchvision_model and source in _dense_names() else \
+        _classifier_classes(state)
     if kind in ("torchvision", "timm") and classes is not None and weights_enum is None:
         if torchvision_model:
             rebuilt = _torchvision_model(source, num_classes=classes, pretrained=True)
@@ -148,6 +168,21 @@ def _keeping_metadata(state: dict, loaded: dict) -> dict:
     kept = OrderedDict(state)
     kept._metadata = metadata
     return kept
+
+
+# Where a detector's or segmenter's state_dict holds its class count: (key, anchors per position it multiplies).
+_DENSE_CLASS_KEYS = (("roi_heads.box_predictor.cls_score.weight", 1), ("head.classification_head.cls_logits.weight", 0),
+                     ("classifier.4.weight", 1), ("classifier.low_classifier.weight", 1))
+RETINANET_ANCHORS = 9  # torchvision's RetinaNet: 3 scales x 3 aspect ratios per position
+
+
+def _dense_classes(source: str, state: dict) -> int | None:
+    """Classes of a torchvision detector's or segmenter's state_dict (fine-tuned to another count), if found."""
+    for key, per in _DENSE_CLASS_KEYS:
+        if key in state:
+            anchors = per or (RETINANET_ANCHORS if source.startswith("retinanet") else 1)
+            return int(state[key].shape[0]) // anchors
+    return None
 
 
 def _classifier_classes(state: dict) -> int | None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.imaging.sizing import SizeRule
 from spark_cnn.models.weights import NAME, RANDOM, TIMM_PRETRAINED, weights_kind
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
@@ -132,6 +133,18 @@ class Endpoint:
     # The spec's kind ("" = derived from `source`): an MLflow directory's source names a path executors lack.
     kind: str = ""
     output_kind: str = "classes"  # or "raw": the model's one output tensor as it is (task/schema.py OUTPUT_KINDS)
+    # What the model computes (schema.TASKS): classify, detect (boxes) or segment (a class per pixel).
+    task: str = "classify"
+    # detect and segment: images travel at their own size under this rule (imaging/sizing.py); None: classify's
+    # resize and centre crop (`preprocessing`).
+    sizing: SizeRule | None = None
+    min_score: float = 0.0  # detect: boxes scoring less are dropped
+    max_detections: int | None = None  # detect: at most this many boxes per image, best first (None: the model's)
+
+    @property
+    def sized(self) -> bool:
+        """Whether images travel at their own size (SizedImages) rather than as fixed crops."""
+        return self.sizing is not None
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -142,6 +155,8 @@ class Endpoint:
     def from_json(cls, text: str) -> Endpoint:
         data = json.loads(text)
         data["preprocessing"] = Preprocessing.from_dict(data["preprocessing"])
+        if data.get("sizing") is not None:
+            data["sizing"] = SizeRule.from_dict(data["sizing"])
         return cls(**data)
 
     def with_fingerprint(self) -> Endpoint:
@@ -160,6 +175,10 @@ class Endpoint:
             digest.update(b"weights_enum:" + self.weights_enum.encode())
         if self.output_kind != "classes":
             digest.update(b"output:" + self.output_kind.encode())
+        if self.task != "classify":
+            heads = {"task": self.task, "sizing": self.sizing.to_dict() if self.sizing else None,
+                     "min_score": self.min_score, "max_detections": self.max_detections}
+            digest.update(b"heads:" + json.dumps(heads, sort_keys=True).encode())
         return replace(self, fingerprint=digest.hexdigest()[:16])
 
     def localised(self, resolve) -> Endpoint:

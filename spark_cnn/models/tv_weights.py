@@ -21,10 +21,12 @@ SIZE_ARGUMENTS = (("vit_", "image_size", 0), ("maxvit_", "input_size", None))
 
 def weights_enum(model: str, text: str):
     """The member of `model`'s weights enum that `text` names (ConfigError listing the valid ones if none)."""
-    # get_model_weights also knows the quantized and detection models, which are not classifiers we build
-    if model not in torchvision.models.list_models(module=torchvision.models):
-        raise ModelError(f"--model {model}: not a torchvision classification model, so it has no weights named "
-                         f"{text}")
+    # get_model_weights also knows the quantized and video models, which we do not build
+    from spark_cnn.models.loader import torchvision_names
+
+    if model not in torchvision_names():
+        raise ModelError(f"--model {model}: not a torchvision classification, detection or segmentation model, so "
+                         f"it has no weights named {text}")
     enum = torchvision.models.get_model_weights(model)
     return enum[pick_member(model, text, enum.__name__, list(enum.__members__))]
 
@@ -43,9 +45,25 @@ def resolve_torchvision_weights(model: str, text: str) -> ResolvedWeights:
         raise ConfigError(f"--weights {text}: {enum_name(weights)} are feature-extraction weights without a "
                           f"classifier (torchvision names no categories for them); --model {model} classifies "
                           f"with {', '.join(classifiers)}")
-    preprocessing = transforms_preprocessing(weights.transforms(), enum_name(weights))
+    preprocessing = dense_preprocessing(weights.transforms())
+    if preprocessing is None:
+        preprocessing = transforms_preprocessing(weights.transforms(), enum_name(weights))
     return ResolvedWeights(file=fetch(weights, text), label=enum_name(weights), enum=enum_name(weights),
                            preprocessing=preprocessing, categories=tuple(categories))
+
+
+def dense_preprocessing(transforms) -> dict | None:
+    """The Preprocessing fields of a detector's or segmenter's weights: none for detection (the model's own
+    transform normalises and resizes), the shorter side and mean/std for segmentation; None for other presets."""
+    from torchvision.transforms._presets import ObjectDetection, SemanticSegmentation
+
+    if isinstance(transforms, ObjectDetection):
+        return {}
+    if isinstance(transforms, SemanticSegmentation):
+        size = int(transforms.resize_size[0])
+        return {"resize": size, "crop": size, "interpolation": transforms.interpolation.value,
+                "mean": tuple(transforms.mean), "std": tuple(transforms.std)}
+    return None
 
 
 def transforms_preprocessing(transforms, label: str) -> dict:
@@ -97,6 +115,8 @@ def builder_arguments(model: str, enum: str) -> dict:
         raise ModelError(f"--weights {enum} are not weights of --model {model}")
     categories = weights.meta["categories"]
     arguments = {"num_classes": len(categories)} if categories is not None else {}  # as torchvision's vgg builder
+    if "keypoint_names" in weights.meta:  # keypoint R-CNN: its keypoint head's size
+        arguments["num_keypoints"] = len(weights.meta["keypoint_names"])
     for prefix, name, index in SIZE_ARGUMENTS:
         if model.startswith(prefix):
             size = weights.meta["min_size"]

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from spark_cnn.errors import SidecarError
-from spark_cnn.task.schema import ERROR, TOPK_ITEM, failed_rows, place_rows
+from spark_cnn.task.schema import DETECT_REPLY, DETECTION_ITEM, ERROR, SEGMENT_REPLY, TOPK_ITEM, failed_rows, place_rows
 
 
 def reply_batch(outputs: dict[str, np.ndarray], row_errors: list[str | None] | None, schema: pa.Schema
@@ -36,6 +36,10 @@ def reply_batch(outputs: dict[str, np.ndarray], row_errors: list[str | None] | N
 def _computed_rows(outputs: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
     if not outputs:  # no row reached the model
         return pa.RecordBatch.from_pylist([], schema=schema)
+    if schema.equals(DETECT_REPLY):
+        return _detection_rows(outputs)
+    if schema.equals(SEGMENT_REPLY):
+        return _mask_rows(outputs["mask"])
     rows = len(np.atleast_1d(next(iter(outputs.values()))))  # a 0-d output is refused by its column below
     columns = []
     for field in schema:
@@ -55,6 +59,44 @@ def _computed_rows(outputs: dict[str, np.ndarray], schema: pa.Schema) -> pa.Reco
     if len(set(lengths.values())) != 1:
         raise SidecarError(f"outputs with different numbers of rows ({lengths}); expected one row per image")
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _detection_rows(outputs: dict[str, np.ndarray]) -> pa.RecordBatch:
+    """Per row: labels (k,), scores (k,), boxes (k, 4) -> a list of k (label, score, box) structs."""
+    labels, scores, boxes = outputs["labels"], outputs["scores"], outputs["boxes"]
+    if not len(labels) == len(scores) == len(boxes):
+        raise SidecarError(f"detections for {len(labels)}, {len(scores)} and {len(boxes)} rows; expected one each")
+    counts = [len(row) for row in labels]
+    for score_row, box_row, k in zip(scores, boxes, counts, strict=True):
+        if len(score_row) != k or np.shape(box_row) != (k, 4):
+            raise SidecarError(f"{k} labels with {len(score_row)} scores and boxes of shape {np.shape(box_row)}; "
+                               "expected one score and one (x1, y1, x2, y2) box per label")
+    flat = np.concatenate([np.asarray(b, np.float32).reshape(-1, 4) for b in boxes]) if len(boxes) else \
+        np.zeros((0, 4), np.float32)
+    box_lists = pa.ListArray.from_arrays(_offsets(len(flat), 4), pa.array(flat.reshape(-1), pa.float32()),
+                                         type=DETECTION_ITEM.field("box").type)
+    items = pa.StructArray.from_arrays(
+        [pa.array(np.concatenate([np.asarray(r, np.int32) for r in labels]), pa.int32()),
+         pa.array(np.concatenate([np.asarray(r, np.float32) for r in scores]), pa.float32()), box_lists],
+        fields=list(DETECTION_ITEM))
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    detections = pa.ListArray.from_arrays(offsets, items, type=DETECT_REPLY.field("detections").type)
+    return pa.RecordBatch.from_arrays([detections, pa.nulls(len(counts), pa.string())], schema=DETECT_REPLY)
+
+
+def _mask_rows(masks: np.ndarray) -> pa.RecordBatch:
+    """Per row: an (h, w) class-index mask -> its raw bytes (uint8, or little-endian uint16 above 256 classes)."""
+    raw, heights, widths = [], [], []
+    for mask in masks:
+        mask = np.asarray(mask)
+        if mask.ndim != 2:
+            raise SidecarError(f"a mask of shape {mask.shape}; expected (height, width)")
+        raw.append((mask if mask.dtype == np.uint8 else mask.astype("<u2")).tobytes())
+        heights.append(mask.shape[0])
+        widths.append(mask.shape[1])
+    return pa.RecordBatch.from_arrays([pa.array(raw, pa.binary()), pa.array(heights, pa.int32()),
+                                       pa.array(widths, pa.int32()), pa.nulls(len(raw), pa.string())],
+                                      schema=SEGMENT_REPLY)
 
 
 def _topk(labels: np.ndarray, scores: np.ndarray) -> pa.ListArray:

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from spark_cnn.errors import ConfigError
+from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.models.dense_heads import DetectionPredictor, SegmentationPredictor
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
@@ -30,9 +32,9 @@ from spark_cnn.sidecar.fault_injection import (
     injected_oom_above_rows,
     model_fault_error,
 )
-from spark_cnn.task.protocol import ErrorKind
+from spark_cnn.task.protocol import ErrorKind, SizedImages
 from spark_cnn.task.run_options import RunOptions
-from spark_cnn.task.schema import RAW, layout_of, reply_schema
+from spark_cnn.task.schema import RAW, layout_of, task_reply_schema
 from spark_cnn.task.sidecar_env import cpu_threads
 
 log = logging.getLogger("spark_cnn.sidecar")
@@ -43,6 +45,8 @@ REDUCED_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PRECISION_PROBE_IMAGES = 256
 MIN_TOP1_AGREEMENT = 0.99
 LABEL_OUTPUTS = ("label", "topk_label")  # the Predictor's outputs that hold class indices
+# Detectors take images in [0, 1] and normalise them themselves.
+UNIT_SCALE = Preprocessing(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -156,12 +160,18 @@ class ModelRunner:
             module = module.to(memory_format=torch.channels_last)
         if options.compile:
             module = torch.compile(module)
-        self.predictor = Predictor(module, top_k=endpoint.top_k, logits=endpoint.logits,
-                                   embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer,
-                                   raw=endpoint.output_kind == RAW)
-        self.reply_schema = reply_schema(**layout_of(endpoint))  # per request row
-        # `auto` precision is judged by top-1 agreement: a raw output has no top-1, so it stays fp32.
-        probing = options.precision == "auto" and self.cuda and endpoint.output_kind != RAW
+        if endpoint.task == "detect":
+            self.predictor = DetectionPredictor(module, min_score=endpoint.min_score,
+                                                max_detections=endpoint.max_detections)
+        elif endpoint.task == "segment":
+            self.predictor = SegmentationPredictor(module)
+        else:
+            self.predictor = Predictor(module, top_k=endpoint.top_k, logits=endpoint.logits,
+                                       embeddings=endpoint.embeddings, embedding_layer=endpoint.embedding_layer,
+                                       raw=endpoint.output_kind == RAW)
+        self.reply_schema = task_reply_schema(endpoint.task, **layout_of(endpoint))  # per request row
+        # `auto` precision is judged by top-1 agreement: classes only (the rest run fp32 unless one is asked for).
+        probing = options.precision == "auto" and self.cuda and not endpoint.sized and endpoint.output_kind != RAW
         self.probe = PrecisionProbe() if probing else None
         self._copy_stream = torch.cuda.Stream(device) if self.cuda else None
         # The embedding hook keeps per-call state: one forward at a time then. Otherwise forwards may run side
@@ -181,8 +191,10 @@ class ModelRunner:
             return self.probe.describe()
         return "fp32" if self.options.precision == "auto" else self.options.precision
 
-    def upload(self, pixels: np.ndarray | torch.Tensor) -> Staged:
-        """Host uint8 (N, H, W, 3) -> device. On CUDA: pinned memory, a side stream, non-blocking."""
+    def upload(self, pixels: np.ndarray | torch.Tensor | SizedImages) -> Staged:
+        """Host uint8 (N, H, W, 3), or SizedImages -> device. On CUDA: pinned memory, a side stream, non-blocking."""
+        if isinstance(pixels, SizedImages):
+            return self._upload_sized(pixels)
         if isinstance(pixels, torch.Tensor) and pixels.device == self.device:
             return Staged(pixels)  # decoded on the device already (nvJPEG)
         host = torch.from_numpy(np.ascontiguousarray(pixels)) if isinstance(pixels, np.ndarray) else pixels
@@ -195,12 +207,24 @@ class ModelRunner:
             ready.record(self._copy_stream)
         return Staged(on_device, ready)
 
+    def _upload_sized(self, images: SizedImages) -> Staged:
+        hosts = [torch.from_numpy(np.ascontiguousarray(image)) for image in images.images]
+        if not self.cuda:
+            return Staged(SizedImages(hosts, images.sources))
+        with torch.cuda.stream(self._copy_stream):
+            on_device = [host.pin_memory().to(self.device, non_blocking=True) for host in hosts]
+            ready = torch.cuda.Event()
+            ready.record(self._copy_stream)
+        return Staged(SizedImages(on_device, images.sources), ready)
+
     def forward(self, staged: Staged) -> Pending:
         """Normalise, run the model and its heads; start copying the outputs back without waiting."""
         if self._oom_above is not None and len(staged.pixels) > self._oom_above:
             raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
         if self._model_fault is not None:
             raise model_fault_error(self._model_fault)
+        if isinstance(staged.pixels, SizedImages):
+            return self._forward_sized(staged)
         with FX_GATE.forward(), self._lock, torch.inference_mode():  # never while another model is fx-traced
             pixels = staged.pixels
             if staged.ready is not None:
@@ -216,6 +240,28 @@ class ModelRunner:
             if not self.cuda:
                 return Pending(result)
             host = {k: v.to("cpu", non_blocking=True) for k, v in result.items()}
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            return Pending(host, done)
+
+    def _forward_sized(self, staged: Staged) -> Pending:
+        """Detectors and segmenters: each image normalised at its own size, outputs one ragged row each."""
+        with FX_GATE.forward(), torch.inference_mode():
+            sized = staged.pixels
+            if staged.ready is not None:
+                stream = torch.cuda.current_stream(self.device)
+                stream.wait_event(staged.ready)
+                for image in sized.images:
+                    image.record_stream(stream)
+            # Detectors normalise inside (their transform): they take [0, 1] images.
+            prep = UNIT_SCALE if self.endpoint.task == "detect" else self.endpoint.preprocessing
+            images = [normalise(image[None], prep)[0] for image in sized.images]
+            dtype = self._reduced_dtype()
+            with torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext():
+                result = self.predictor.predict_sized(images, sized.sources)
+            if not self.cuda:
+                return Pending(result)
+            host = {k: [v.to("cpu", non_blocking=True) for v in values] for k, values in result.items()}
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(self.device))
             return Pending(host, done)
@@ -244,12 +290,23 @@ class ModelRunner:
     def download(pending: Pending) -> dict[str, np.ndarray]:
         if pending.done is not None:
             pending.done.synchronize()
-        return {k: v.float().numpy() if v.dtype in (torch.bfloat16, torch.float16) else v.numpy()
-                for k, v in pending.outputs.items()}
+        return {k: _host_rows(v) if isinstance(v, list) else _host_array(v) for k, v in pending.outputs.items()}
 
     def run(self, pixels: np.ndarray) -> dict[str, np.ndarray]:
         """All three stages for one batch, in the calling thread (tests, the device-only benchmark)."""
         return self.download(self.forward(self.upload(pixels)))
+
+
+def _host_array(values: torch.Tensor) -> np.ndarray:
+    return values.float().numpy() if values.dtype in (torch.bfloat16, torch.float16) else values.numpy()
+
+
+def _host_rows(rows: list[torch.Tensor]) -> np.ndarray:
+    """Ragged per-row outputs (detections, masks) as a 1-D object array: sliced and joined like any output."""
+    held = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):
+        held[i] = _host_array(row)
+    return held
 
 
 class ModelRegistry:

@@ -34,7 +34,7 @@ from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.online_tuner import OnlineTuner
 from spark_cnn.sidecar.prediction_check import FASTER, PredictionCheck
 from spark_cnn.sidecar.runner import ModelRegistry, cpu_compute_workers, resolve_device
-from spark_cnn.sidecar.service import InferRequest, ModelService
+from spark_cnn.sidecar.service import MAX_QUEUED_BATCHES, InferRequest, ModelService
 from spark_cnn.task import protocol
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S, check_private_dir
 from spark_cnn.task.procs import ProcessId, is_alive
@@ -50,6 +50,9 @@ AUTO_BATCH_ROWS = {"cpu": 8, "cuda": 64}
 # The online tuner explores up to these sizes: a CPU gains nothing past a few dozen images per batch, and
 # 512 images of 224 px are ~300 MB of float32 input, still small beside a data-centre GPU's memory.
 MAX_AUTO_BATCH_ROWS = {"cpu": 64, "cuda": 512}
+# Queue bound, in batches, for images at their own sizes (detectors, segmenters): one such image is up to ~20x a
+# 224 px crop (800 x 1333 x 3 = 3.2 MB), so the queue holds fewer batches than a classifier's (service.py).
+SIZED_QUEUED_BATCHES = 2
 # How often the main thread checks the executor process and the idle timer.
 WATCH_INTERVAL_S = 0.5
 # Requests one connection may have unanswered; its reader stops reading beyond that, so a client that sends
@@ -216,11 +219,17 @@ class Connection:
             images = protocol.decode_request(frame.payload)
             if not len(images):
                 raise SidecarError("an INFER request with no images")
-            files = not isinstance(images, np.ndarray)
+            sized = isinstance(images, protocol.SizedImages)
+            if sized != service.runner.endpoint.sized:
+                raise SidecarError(f"{'images of their own sizes' if sized else 'fixed-size images'} for a model "
+                                   f"that takes {'fixed-size crops' if sized else 'images at their own sizes'}")
+            files = not sized and not isinstance(images, np.ndarray)
             if files != (decode in SIDECAR_DECODES):
                 raise SidecarError(f"{'image files' if files else 'decoded pixels'} on a connection that agreed "
                                    f"to decode in {decode!r}; send {'pixels' if files else 'files'}")
-            if not files:
+            if sized:
+                pixels = images
+            elif not files:
                 if images.shape[1:] != prep.pixel_shape:
                     raise SidecarError(f"images of shape {images.shape[1:]}, the model expects {prep.pixel_shape}")
                 pixels = images
@@ -292,10 +301,11 @@ class SidecarServer:
                     rows, tuner, source = self._auto_start(runner, options.device_profile)
                     if tuner.predicted:
                         check = PredictionCheck({b: 1000.0 * b / r for b, r in tuner.predicted.items() if r > 0})
+                queued = SIZED_QUEUED_BATCHES if endpoint.sized else MAX_QUEUED_BATCHES
                 service = ModelService(runner, rows, self.stats, tuner=tuner, on_sticky=self.retire,
                                        compute_workers=cpu_compute_workers(self.device, self.settings.threads),
-                                       prediction=check, on_verdict=functools.partial(self._prediction_verdict,
-                                                                                      source))
+                                       max_queued_batches=queued, prediction=check,
+                                       on_verdict=functools.partial(self._prediction_verdict, source))
                 self._services[key] = service
                 log.info("%s %s (%s) on %s in %.1f s: batch size %d, precision %s, channels_last %s",
                          "loaded" if loaded else "serving", endpoint.source, endpoint.fingerprint, self.device,
@@ -313,7 +323,9 @@ class SidecarServer:
         batches. The third value says which profile predicted ("job", "cached") or None."""
         max_size = MAX_AUTO_BATCH_ROWS.get(self.device.type, self.auto_batch_rows)
         start, predicted, source = self.auto_batch_rows, None, None
-        if not runner.options.compile:  # tracing a compiled module would compile it again
+        # Tracing a compiled module would compile it again; the time model covers fixed-size classifiers only
+        # (a detector's cost depends on its boxes): the online tuner sizes the others' batches alone.
+        if not runner.options.compile and not runner.endpoint.sized:
             try:
                 from spark_cnn.perf.startpoint import predicted_start
 

@@ -39,7 +39,7 @@ from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged, failure_kind, is_out_of_memory
 from spark_cnn.sidecar.work_queue import WorkQueue
 from spark_cnn.task import protocol
-from spark_cnn.task.protocol import ErrorKind, Kind
+from spark_cnn.task.protocol import ErrorKind, Kind, SizedImages
 
 log = logging.getLogger("spark_cnn.sidecar")
 
@@ -119,9 +119,18 @@ class InferRequest:
 def _concat(parts: list):
     if len(parts) == 1:
         return parts[0]
+    if isinstance(parts[0], SizedImages):
+        return SizedImages.concat(parts)
     if isinstance(parts[0], torch.Tensor):
         return torch.cat(parts)
     return np.concatenate(parts)
+
+
+def _joined(parts: list):
+    """Outputs of consecutive rows as one: tensors concatenated, ragged rows (lists) chained."""
+    if isinstance(parts[0], list):
+        return [row for part in parts for row in part]
+    return torch.cat(parts)
 
 
 class ModelService:
@@ -243,7 +252,7 @@ class ModelService:
         for part in parts:
             if part.done is not None:
                 part.done.synchronize()
-        return Pending({k: torch.cat([p.outputs[k] for p in parts]) for k in parts[0].outputs})
+        return Pending({k: _joined([p.outputs[k] for p in parts]) for k in parts[0].outputs})
 
     def _in_order(self):
         """Computed batches in assembly order (compute threads may finish them out of order); None once every

@@ -23,7 +23,7 @@ from spark_cnn.spark.sidecar_stats import JobSidecarStats
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
 from spark_cnn.spark.storage import job_filesystem, to_uri
 from spark_cnn.task.object_store import StorageOptions
-from spark_cnn.task.schema import EMBED_COLUMNS, layout_of, output_schema
+from spark_cnn.task.schema import EMBED_COLUMNS, layout_of, task_output_schema
 
 SUMMARY_FILE = "_summary.json"  # inside the output directory; Parquet readers skip names starting with "_"
 
@@ -44,10 +44,30 @@ def embed(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
     return run_job(config, spark=spark, columns=EMBED_COLUMNS)
 
 
+def detect(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
+    """Run the detect job: `path, detections, error` per image (boxes in the input image's pixels). Same checks,
+    staging and summary as classify."""
+    return run_job(_for_task(config, "detect"), spark=spark)
+
+
+def segment(config: ClassifyConfig, *, spark: SparkSession | None = None) -> dict:
+    """Run the segment job: `path, mask (PNG of class indices at the input's size), classes, error` per image."""
+    return run_job(_for_task(config, "segment"), spark=spark)
+
+
+def _for_task(config: ClassifyConfig, task: str) -> ClassifyConfig:
+    return config if config.inference.task == task else replace(config, inference=replace(config.inference,
+                                                                                          task=task))
+
+
 def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
             columns: tuple[str, ...] | None = None) -> dict:
     """Images in, one Parquet row per image out (all classify columns, or `columns`), summary beside it."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
+    task = config.inference.task
+    if config.partition_by not in (None, TRUE_LABEL) and task != "classify":
+        raise ConfigError(f"--partition-by {config.partition_by}: {task} writes no such column; partition by "
+                          f"{TRUE_LABEL}")
     check_local_paths(input_uri, output_uri, config.overwrite, storage_options=config.inputs.storage_options)
     options = config.inference
     model = check_model(options)
@@ -62,7 +82,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         plan = start_inference(spark, options, model, source=source)
         job_id = plan.job_id
         sidecar_stats = JobSidecarStats(spark, job_id)
-        schema = output_schema(**layout_of(options))
+        schema = task_output_schema(options.task, **layout_of(options))
         if source.has_labels:  # carried from the input, as the source reads it
             schema = schema.append(pa.field(TRUE_LABEL, pa.string()))
         outputs = sidecar_stats.observed(source.frame.mapInArrow(sidecar_stats.task_function(plan),
@@ -81,7 +101,8 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         elapsed = time.perf_counter() - started
         publish(fs, staging, output_uri, overwrite=config.overwrite)
 
-        summary = _summarise(spark, output_uri, labels, elapsed, config, sidecar_stats.sidecars())
+        summary = _summarise(spark, output_uri, labels if options.task == "classify" else None, elapsed, config,
+                             sidecar_stats.sidecars())
         summary.update(input=input_uri, output=output_uri, model=options.model.source,
                        weights=model.weights_label,
                        app_id=application_id(spark), job_id=job_id)
@@ -103,7 +124,7 @@ def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, con
                sidecars: list[dict]) -> dict:
     rows = spark.read.parquet(output_uri)
     aggregates = [F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNull()).alias("ok")]
-    if TRUE_LABEL in rows.columns and "label" in rows.columns:  # a raw output has no classes to score
+    if TRUE_LABEL in rows.columns and "label" in rows.columns:  # accuracy: classes only (not raw, boxes, masks)
         ok, truth = F.col("error").isNull(), F.col(TRUE_LABEL)
         if labels is not None:  # true labels are class names
             labelled, correct = truth.isin(list(labels)), F.col("label_name") == truth

@@ -20,7 +20,7 @@ from spark_cnn.imaging.image_struct import is_image_struct
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.executor import SPARK_TASK
 from spark_cnn.spark.planning import check_model, start_inference
-from spark_cnn.task.schema import CLASSES, EMBED_COLUMNS, layout_of, output_schema, spark_ddl
+from spark_cnn.task.schema import CLASSES, EMBED_COLUMNS, layout_of, spark_ddl, task_output_schema
 from spark_cnn.task.stream import INPUT_COLUMNS, PartitionInference
 
 
@@ -74,8 +74,29 @@ def classify(df: DataFrame, *, model: str | ModelSpec = "resnet50", content: str
     opts = inference_options(model, output_kind=output, **options)
     inputs = _image_rows(df, content, path)
     plan = start_inference(_session_of(df), opts, check_model(opts))
-    ddl = spark_ddl(output_schema(**layout_of(opts)))
+    ddl = spark_ddl(task_output_schema(opts.task, **layout_of(opts)))
     return inputs.mapInArrow(PartitionInference(plan, environment=SPARK_TASK), ddl)
+
+
+def detect(df: DataFrame, *, model: str | ModelSpec = "fasterrcnn_mobilenet_v3_large_320_fpn", **options) -> DataFrame:
+    """Detect objects in the images of `df`: a lazy DataFrame of `path, detections, error`, where `detections` is
+    `array<struct<label int, label_name string, score float, box array<float>>>`, best first, each box
+    (x1, y1, x2, y2) in the input image's pixels. `min_score` and `max_detections` limit the boxes; other
+    keywords are `classify`'s (weights, labels, batch_size, device, ...). A classifier raises ConfigError here.
+
+    >>> boxes = spark_cnn.detect(images, weights="DEFAULT", min_score=0.5)         # doctest: +SKIP
+    """
+    return classify(df, model=model, task="detect", **options)
+
+
+def segment(df: DataFrame, *, model: str | ModelSpec = "lraspp_mobilenet_v3_large", **options) -> DataFrame:
+    """Segment the images of `df`: a lazy DataFrame of `path, mask, classes, error`, where `mask` is a PNG of
+    class indices at the input image's size and `classes` is `array<struct<label int, label_name string,
+    pixels bigint>>`. Other keywords are `classify`'s (weights, labels, preprocessing, ...).
+
+    >>> masks = spark_cnn.segment(images, model="deeplabv3_resnet50", weights="DEFAULT")  # doctest: +SKIP
+    """
+    return classify(df, model=model, task="segment", **options)
 
 
 def embed(df: DataFrame, *, model: str | ModelSpec = "resnet50", **options) -> DataFrame:

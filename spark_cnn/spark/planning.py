@@ -82,9 +82,11 @@ def check_model(options: InferenceOptions) -> CheckedModel:
     from spark_cnn.models.weights import RANDOM
 
     labels = read_labels(options.labels) if isinstance(options.labels, str) else options.labels
+    dense = {} if options.task == "classify" else {"task": options.task, "min_score": options.min_score,
+                                                    "max_detections": options.max_detections}
     resolved = resolve_endpoint_isolated(options.model, top_k=options.top_k, logits=options.logits,
                                          embeddings=options.embeddings, embedding_layer=options.layer,
-                                         output_kind=options.output_kind)
+                                         output_kind=options.output_kind, **dense)
     if resolved.num_classes is None:  # a raw output: no classes to name
         return CheckedModel(resolved, None)
     if labels is None:
@@ -93,7 +95,7 @@ def check_model(options: InferenceOptions) -> CheckedModel:
         _log.warning("spark-cnn: warning: --model %s runs with random weights; pass --weights DEFAULT (its "
                      "pretrained weights), a state_dict file, or --weights random to silence this",
                      options.model.source)
-    if labels is not None and len(labels) != resolved.num_classes:
+    if labels is not None and resolved.num_classes and len(labels) != resolved.num_classes:
         where = f" {options.labels}" if isinstance(options.labels, str) else ""
         raise ConfigError(f"--labels{where} has {len(labels)} names but the model has "
                           f"{resolved.num_classes} classes")

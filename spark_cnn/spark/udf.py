@@ -27,6 +27,7 @@ from spark_cnn.task.schema import (
     CLASSES,
     NAMED_TOPK_ITEM,
     RAW,
+    UDF_OUTPUT_TASKS,
     UDF_OUTPUTS,
     class_names,
     spark_type,
@@ -79,6 +80,10 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
       space), `error`
     - "raw": `raw array<float>`, `shape array<int>`, `error`: the model's one output tensor (batch first) for
       each image, flattened in row-major order, and its per-image shape; for models that are not classifiers
+    - "detections" (a detector): `detections array<struct<label int, label_name string, score float,
+      box array<float>>>` in the input image's pixels, best first, `error` (`min_score`, `max_detections`)
+    - "segments" (a segmenter): `mask binary` (PNG of class indices at the input's size), `classes
+      array<struct<label int, label_name string, pixels bigint>>`, `error`
 
     `label_name` is null without `labels` (a file of class names, one per line, or a list of names). A bad
     image gives a row with `error` set, unless `on_error="fail"`. The model is loaded and checked on the
@@ -104,8 +109,10 @@ def cnn_udf(model: str | ModelSpec = "resnet50", *, output: str = "top1", spark:
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConfigError("cnn_udf needs a SparkSession: create one first (spark_cnn.spark_session()) or pass spark=")
+    task = UDF_OUTPUT_TASKS.get(output, "classify")
+    dense = {"task": task} if task != "classify" else {}
     opts = inference_options(model, logits=output == "logits", embeddings=output == "embedding",
-                             output_kind=RAW if output == RAW else CLASSES, **options)
+                             output_kind=RAW if output == RAW else CLASSES, **dense, **options)
     plan = start_inference(spark, opts, check_model(opts))
     stats = None if is_connect(spark) else spark.sparkContext.accumulator({}, SidecarStatsParam())
     return CnnUdf(plan, output, stats)

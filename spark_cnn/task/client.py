@@ -84,7 +84,12 @@ class SidecarClient(Closing):
     def submit(self, images: np.ndarray | list[bytes]) -> int:
         """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""
         request_id = next(self._ids)
-        payload = protocol.encode_pixels(images) if isinstance(images, np.ndarray) else protocol.encode_images(images)
+        if isinstance(images, protocol.SizedImages):
+            payload = protocol.encode_sized(images)
+        elif isinstance(images, np.ndarray):
+            payload = protocol.encode_pixels(images)
+        else:
+            payload = protocol.encode_images(images)
         self._send(Kind.INFER, request_id, payload)
         return request_id
 

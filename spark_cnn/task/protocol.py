@@ -26,7 +26,8 @@ from spark_cnn.task.run_options import DECODE_CHOICES, DEFAULT_RUN, RunOptions
 class Kind(IntEnum):
     HELLO = 1        # client -> sidecar, JSON: Hello.to_json() (token, endpoint, job, decode, run/decode options)
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode)}
-    INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row) or "encoded" (file bytes)
+    INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row), "encoded" (file bytes) or
+                     # "image" (uint8 pixels of each row's own size, with SIZED_COLUMNS)
     RESULT = 4       # sidecar -> client, Arrow: one row per request row, same order (schema.reply_schema)
     ERROR = 5        # sidecar -> client, JSON: {"message", "kind": ErrorKind}; request id 0: the connection failed
     STATS = 6        # client -> sidecar, JSON: {"job"}
@@ -65,6 +66,9 @@ MAX_PAYLOAD_BYTES = 1 << 30
 MAX_HANDSHAKE_BYTES = 1 << 20
 PIXELS_COLUMN = "pixels"    # uint8 HxWx3 per row, decoded by the client
 ENCODED_COLUMN = "encoded"  # image file bytes per row, decoded by the sidecar
+SIZED_IMAGE_COLUMN = "image"  # uint8 h x w x 3 per row, each at its own size (detectors, segmenters)
+# With SIZED_IMAGE_COLUMN: each row's sent size, and its source image's (the coordinates outputs go back to).
+SIZED_COLUMNS = ("height", "width", "source_height", "source_width")
 CONNECTION_REQUEST_ID = 0
 
 
@@ -197,12 +201,81 @@ def encode_images(images: list[bytes]) -> pa.Buffer:
     return _to_ipc(pa.RecordBatch.from_arrays([pa.array(images, pa.binary())], names=[ENCODED_COLUMN]))
 
 
-def decode_request(payload) -> np.ndarray | list[bytes]:
-    """An INFER payload: (N, H, W, 3) uint8 pixels, or a list of encoded image files."""
+def decode_request(payload) -> np.ndarray | list[bytes] | SizedImages:
+    """An INFER payload: (N, H, W, 3) uint8 pixels, a list of encoded image files, or SizedImages."""
     batch = _from_ipc(payload)
     if batch.schema.names == [ENCODED_COLUMN] and pa.types.is_binary(batch.schema.types[0]):
         return batch.column(0).to_pylist()
+    if batch.schema.names and batch.schema.names[0] == SIZED_IMAGE_COLUMN:
+        return _sized_from(batch)
     return _pixels_from(batch)
+
+
+class SizedImages:
+    """Images of different sizes, one request's or one device batch's: `images[i]` is an (h, w, 3) uint8 array
+    (or tensor, once on the device) and `sources[i]` the (height, width) of the image it was resized from.
+    Slices and `concat` keep the two in step, as the batcher splits and merges requests."""
+
+    __slots__ = ("images", "sources")
+
+    def __init__(self, images: list, sources: list[tuple[int, int]]):
+        if len(images) != len(sources):
+            raise SidecarError(f"{len(images)} images but {len(sources)} source sizes")
+        self.images, self.sources = list(images), [tuple(s) for s in sources]
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, rows: slice) -> SizedImages:
+        return SizedImages(self.images[rows], self.sources[rows])
+
+    @property
+    def sizes(self) -> list[tuple[int, int]]:
+        """The (height, width) each image is sent at."""
+        return [tuple(image.shape[:2]) for image in self.images]
+
+    @staticmethod
+    def concat(parts: list[SizedImages]) -> SizedImages:
+        return SizedImages([i for p in parts for i in p.images], [s for p in parts for s in p.sources])
+
+
+def encode_sized(images: SizedImages) -> pa.Buffer:
+    """SizedImages -> Arrow IPC payload: the pixels of each row as one binary value, and SIZED_COLUMNS."""
+    arrays = [np.ascontiguousarray(image, dtype=np.uint8) for image in images.images]
+    if any(a.ndim != 3 or a.shape[2] != 3 for a in arrays):
+        raise SidecarError("sized images must be (height, width, 3) uint8 arrays")
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum([a.nbytes for a in arrays], out=offsets[1:])
+    data = np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, np.uint8)
+    column = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(arrays),
+                                              [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    geometry = [[a.shape[0] for a in arrays], [a.shape[1] for a in arrays],
+                [s[0] for s in images.sources], [s[1] for s in images.sources]]
+    return _to_ipc(pa.RecordBatch.from_arrays([column, *(pa.array(v, pa.int32()) for v in geometry)],
+                                              names=[SIZED_IMAGE_COLUMN, *SIZED_COLUMNS]))
+
+
+def _sized_from(batch: pa.RecordBatch) -> SizedImages:
+    """SizedImages viewing the received bytes, each row checked against its declared size."""
+    expected = [SIZED_IMAGE_COLUMN, *SIZED_COLUMNS]
+    if batch.schema.names != expected or not pa.types.is_large_binary(batch.schema.types[0]) or any(
+            not pa.types.is_int32(t) for t in batch.schema.types[1:]):
+        raise SidecarError(f"a sized INFER payload must have columns {expected} (large_binary, then int32), got "
+                           f"{batch.schema}")
+    if any(column.null_count for column in batch.columns):
+        raise SidecarError("a sized INFER payload with null values")
+    heights, widths, source_h, source_w = (batch.column(name).to_numpy() for name in SIZED_COLUMNS)
+    column = batch.column(0)
+    offsets = np.frombuffer(column.buffers()[1], dtype=np.int64)[column.offset:column.offset + len(column) + 1]
+    data = np.frombuffer(column.buffers()[2], dtype=np.uint8)
+    images = []
+    for i in range(len(column)):
+        h, w = int(heights[i]), int(widths[i])
+        if h < 1 or w < 1 or source_h[i] < 1 or source_w[i] < 1 or offsets[i + 1] - offsets[i] != h * w * 3:
+            raise SidecarError(f"row {i} of a sized INFER payload: {offsets[i + 1] - offsets[i]} bytes for "
+                               f"{h}x{w}x3 pixels (source {source_h[i]}x{source_w[i]})")
+        images.append(data[offsets[i]:offsets[i + 1]].reshape(h, w, 3))
+    return SizedImages(images, list(zip(source_h.tolist(), source_w.tolist(), strict=True)))
 
 
 def _pixels_from(batch: pa.RecordBatch) -> np.ndarray:

@@ -35,9 +35,30 @@ _RAW_FIELDS = (pa.field("path", pa.string()), pa.field("raw", VECTOR_TYPE), pa.f
                pa.field(ERROR, pa.string()))
 # The embed output: one embedding per image.
 EMBED_COLUMNS = ("path", "embedding", ERROR)
+# What a model computes per image: which output layout (below) and which command serves it.
+TASKS = ("classify", "detect", "segment")
+# detect: the boxes of one image, best first, in the input image's pixels (x1, y1, x2, y2).
+BOX_TYPE = pa.list_(pa.float32())
+DETECTION_ITEM = pa.struct([("label", pa.int32()), ("score", pa.float32()), ("box", BOX_TYPE)])
+NAMED_DETECTION_ITEM = pa.struct([("label", pa.int32()), ("label_name", pa.string()), ("score", pa.float32()),
+                                  ("box", BOX_TYPE)])
+DETECT_FIELDS = (pa.field("path", pa.string()), pa.field("detections", pa.list_(NAMED_DETECTION_ITEM)),
+                 pa.field(ERROR, pa.string()))
+DETECT_REPLY = pa.schema([pa.field("detections", pa.list_(DETECTION_ITEM)), pa.field(ERROR, pa.string())])
+# segment: a PNG of class indices at the input image's size, and each present class with its pixel count.
+CLASS_PIXELS_ITEM = pa.struct([("label", pa.int32()), ("label_name", pa.string()), ("pixels", pa.int64())])
+SEGMENT_FIELDS = (pa.field("path", pa.string()), pa.field("mask", pa.binary()),
+                  pa.field("classes", pa.list_(CLASS_PIXELS_ITEM)), pa.field(ERROR, pa.string()))
+# The sidecar sends the mask at the size the image was sent at (raw class indices); the task scales it to the
+# source size, encodes the PNG and counts the classes (task/dense_outputs.py), in parallel across tasks.
+SEGMENT_REPLY = pa.schema([pa.field("mask", pa.binary()), pa.field("mask_height", pa.int32()),
+                           pa.field("mask_width", pa.int32()), pa.field(ERROR, pa.string())])
 # cnn_udf's outputs: each a struct of these output columns (`topk` items also name their label).
 UDF_OUTPUTS = {"top1": ("label", "label_name", "score", ERROR), "topk": ("topk", ERROR),
-               "logits": ("logits", ERROR), "embedding": ("embedding", ERROR), RAW: ("raw", "shape", ERROR)}
+               "logits": ("logits", ERROR), "embedding": ("embedding", ERROR), RAW: ("raw", "shape", ERROR),
+               "detections": ("detections", ERROR), "segments": ("mask", "classes", ERROR)}
+# The task each cnn_udf output needs (classify for the rest).
+UDF_OUTPUT_TASKS = {"detections": "detect", "segments": "segment"}
 NAMED_TOPK_ITEM = pa.struct([TOPK_ITEM.field("label"), pa.field("label_name", pa.string()), TOPK_ITEM.field("score")])
 
 _SPARK_NAMES = {pa.string(): "string", pa.int32(): "int", pa.int64(): "bigint", pa.float32(): "float",
@@ -67,10 +88,32 @@ def layout_of(heads) -> dict:
     return {"logits": heads.logits, "embeddings": heads.embeddings, "output_kind": heads.output_kind}
 
 
+def task_output_schema(task: str, *, logits: bool = False, embeddings: bool = False, output_kind: str = CLASSES
+                       ) -> pa.Schema:
+    """The output columns of `task` (TASKS): classify's `output_schema` (classes or raw), or detect's or
+    segment's."""
+    if task == "detect":
+        return pa.schema(DETECT_FIELDS)
+    if task == "segment":
+        return pa.schema(SEGMENT_FIELDS)
+    return output_schema(logits=logits, embeddings=embeddings, output_kind=output_kind)
+
+
+def task_reply_schema(task: str, *, logits: bool = False, embeddings: bool = False, output_kind: str = CLASSES
+                      ) -> pa.Schema:
+    """What the sidecar sends per request row for `task`."""
+    if task == "detect":
+        return DETECT_REPLY
+    if task == "segment":
+        return SEGMENT_REPLY
+    return reply_schema(logits=logits, embeddings=embeddings, output_kind=output_kind)
+
+
 def udf_output_type(output: str) -> pa.StructType:
-    """The struct `cnn_udf(output=...)` returns per row, from the classify output's fields."""
-    fields = {field.name: field for kind in OUTPUT_KINDS
-              for field in output_schema(logits=True, embeddings=True, output_kind=kind)}
+    """The struct `cnn_udf(output=...)` returns per row, from the output fields of its task."""
+    fields = {field.name: field for field in (*DETECT_FIELDS, *SEGMENT_FIELDS)}
+    fields |= {field.name: field for kind in OUTPUT_KINDS
+               for field in output_schema(logits=True, embeddings=True, output_kind=kind)}
     fields["topk"] = pa.field("topk", pa.list_(NAMED_TOPK_ITEM))
     return pa.struct([fields[name] for name in UDF_OUTPUTS[output]])
 

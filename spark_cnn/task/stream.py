@@ -23,10 +23,11 @@ import pyarrow as pa
 from spark_cnn.errors import ImageError, SidecarError
 from spark_cnn.formats.encodings import ENCODED, FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.imaging.decode import check_file_size
-from spark_cnn.imaging.image_struct import preprocess_image_struct
+from spark_cnn.imaging.image_struct import image_struct_rgb, preprocess_image_struct
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.imaging.pixels import preprocess_rgb
 from spark_cnn.imaging.preprocess import preprocess_pixels
+from spark_cnn.imaging.sizing import sized_pixels, sized_rgb
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.task.client import (
     DEFAULT_MAX_IN_FLIGHT,
@@ -37,19 +38,21 @@ from spark_cnn.task.client import (
     map_ordered,
     sidecar_key,
 )
+from spark_cnn.task.dense_outputs import dense_output_columns
 from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.files import prefetched, read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, is_store_uri
+from spark_cnn.task.protocol import SizedImages
 from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
 from spark_cnn.task.schema import (
     ERROR,
     class_names,
     failed_rows,
     layout_of,
-    output_schema,
     place_rows,
-    reply_schema,
+    task_output_schema,
+    task_reply_schema,
 )
 
 INPUT_COLUMNS = ("path", "content")
@@ -103,6 +106,7 @@ class _BatchState:
     paths: list[str]
     carried: dict[str, pa.Array] = field(default_factory=dict)
     replies: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
+    sources: dict[int, tuple[int, int]] = field(default_factory=dict)  # sized images: row -> source (h, w)
 
 
 class PartitionInference:
@@ -136,10 +140,12 @@ class PartitionInference:
         checks one row per input row), with `path`, `label_name` (classes) and the carried columns added."""
         endpoint = self.plan.endpoint
         replies = place_rows(state.replies, len(state.paths), _reply_schema(self.plan))
-        schema = output_schema(**layout_of(endpoint))
+        schema = task_output_schema(endpoint.task, **layout_of(endpoint))
         columns = dict(zip(replies.schema.names, replies.columns, strict=True))
         columns["path"] = pa.array(state.paths, pa.string())
-        if "label_name" in schema.names:  # a raw output has no classes to name
+        if endpoint.task != "classify":
+            columns = dense_output_columns(endpoint.task, columns, state.sources, self.plan.label_names)
+        elif "label_name" in schema.names:  # a raw output has no classes to name
             columns["label_name"] = class_names(columns["label"], self.plan.label_names)
         for name, values in state.carried.items():
             schema = schema.append(pa.field(name, values.type))
@@ -186,7 +192,7 @@ def _stats_on_first_row(rows: pa.RecordBatch, stats: str | None) -> pa.RecordBat
 
 
 def _reply_schema(plan: InferencePlan) -> pa.Schema:
-    return reply_schema(**layout_of(plan.endpoint))
+    return task_reply_schema(plan.endpoint.task, **layout_of(plan.endpoint))
 
 
 def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]], stats_accumulator=None,
@@ -203,7 +209,8 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
     if first is None:
         return
     pixels_given = pa.types.is_struct(first[1].type) or plan.encoding not in FILE_ENCODINGS
-    decode = "task" if pixels_given else plan.decode  # decoded pixels never go as files
+    # Decoded pixels never go as files; nor do images at their own sizes, which only the tasks make.
+    decode = "task" if pixels_given or plan.endpoint.sized else plan.decode
     endpoint = plan.endpoint.localised(environment.shipped_file)
     launch = _with_task_device(plan.launch, environment.gpu_addresses())
 
@@ -218,9 +225,9 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
         return client
 
     with FailoverClient(connect) as client:
-        if pixels_given and client.decode != "task":
-            raise SidecarError(f"the sidecar agreed to decode in {client.decode!r}, but the input holds decoded "
-                               "pixels, which go as they are")
+        if (pixels_given or plan.endpoint.sized) and client.decode != "task":
+            raise SidecarError(f"the sidecar agreed to decode in {client.decode!r}, but the tasks make these images "
+                               "(decoded pixels, or images at their own sizes)")
         work = _work_items(plan, itertools.chain([first], inputs), decode_here=client.decode == "task")
         for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
             if rows is None:
@@ -257,6 +264,7 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
     decoded pixels), or the files themselves. Rows that fail here join the state, in the reply layout, before
     the end mark."""
     prep = plan.endpoint.preprocessing
+    sizing = plan.endpoint.sizing  # images at their own sizes under this rule (detect, segment), else fixed crops
     decode_options = plan.decode_options
     pixels_given = plan.encoding not in FILE_ENCODINGS  # decoded pixels (image source, NumPy) never go as files
     read_here = plan.encoding == LOCAL_FILES  # the source listed the files; their bytes are read here
@@ -277,7 +285,10 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
                 data = next(reads)[1]() if read_here else contents[i].as_py()
                 if data is None:  # a table row without an image: still one output row
                     raise ImageError(NULL_IMAGE)
-                if structs:
+                if sizing is not None:
+                    data, state.sources[i] = _sized(plan, data, structs, pixels_given,
+                                                    [column[i] for column in geometry] if geometry else [])
+                elif structs:
                     data = preprocess_image_struct(data, prep, decode_options)
                 elif pixels_given:
                     shape = [column[i] for column in geometry] if geometry else []
@@ -295,13 +306,33 @@ def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bo
             rows.append(i)
             images.append(data)
             if len(rows) == plan.request_rows:
-                yield (state, rows), np.stack(images) if decode_here else images
+                yield (state, rows), _request(state, rows, images, decode_here, sizing is not None)
                 rows, images = [], []
         if rows:
-            yield (state, rows), np.stack(images) if decode_here else images
+            yield (state, rows), _request(state, rows, images, decode_here, sizing is not None)
         if failed:
             state.replies.append((failed, failed_rows(errors, _reply_schema(plan))))
         yield (state, None), None
+
+
+def _request(state: _BatchState, rows: list[int], images: list, decode_here: bool, sized: bool):
+    """One request's images: SizedImages (each at its own size), stacked fixed crops, or the files."""
+    if sized:
+        return SizedImages(images, [state.sources[i] for i in rows])
+    return np.stack(images) if decode_here else images
+
+
+def _sized(plan: InferencePlan, data, struct: bool, pixels_given: bool, shape: list) -> tuple[np.ndarray, tuple]:
+    """One image at its own size under the model's rule, and its source (height, width): decoded from a file, or
+    from decoded pixels (a Spark image struct, a NumPy array), behind the same guard rails."""
+    rule, options = plan.endpoint.sizing, plan.decode_options
+    if not struct and not pixels_given:
+        return sized_pixels(data, rule, options)
+    rgb = image_struct_rgb(data) if struct else decoded_rgb(plan.encoding, data, *shape)
+    if rgb.shape[0] * rgb.shape[1] > options.max_pixels:
+        raise ImageError(f"image has {rgb.shape[0] * rgb.shape[1]} pixels, more than --max-pixels "
+                         f"{options.max_pixels}")
+    return sized_rgb(rgb, rule)
 
 
 def _listed_reads(plan: InferencePlan, paths: list[str], batch: pa.RecordBatch | None):

@@ -11,6 +11,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
+from spark_cnn.models.tiny_dense import TINY_DETECTOR
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from tests.e2e.conftest import BIN, run_command
 from tests.sample_images import broken_files, write_files
@@ -73,6 +74,19 @@ def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, d
 
     rows = pq.read_table(str(tmp_path / "out")).to_pylist()
     assert len(rows) == 303 and len({r["path"] for r in rows}) == 303
+
+    # Images at their own sizes go the same way: a detector, one sidecar per executor, errors as rows.
+    few = _subset(demo_assets, str(tmp_path / "few"), per_class=1)
+    write_files(few, broken_files())
+    result = spark_cnn("detect", few, str(tmp_path / "boxes"), "--model", TINY_DETECTOR, "--max-detections", "3",
+                       "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["images"] == 13 and summary["errors"] == 3
+    assert sorted(s["executor"] for s in summary["sidecars"]) == ["0", "1"], summary["sidecars"]
+    assert _wait_until_gone(summary["app_id"]) == [], "a detector's sidecar outlived its executor"
+    boxes = [r["detections"] for r in pq.read_table(str(tmp_path / "boxes")).to_pylist() if r["error"] is None]
+    assert len(boxes) == 10 and all(len(found) == 3 for found in boxes)
 
 
 @pytest.mark.spark35

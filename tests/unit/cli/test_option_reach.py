@@ -19,6 +19,7 @@ from spark_cnn.cli import build_parser, classify, etl, resolution
 from spark_cnn.cli.to_petastorm import petastorm_config
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.digits import DIGITS_FACTORY, digits_cnn
+from spark_cnn.models.tiny_dense import TINY_CLASSES, TINY_DETECTOR, TINY_SEGMENTER, tiny_detector, tiny_segmenter
 from spark_cnn.spark.petastorm_job import petastorm_encoder
 from spark_cnn.spark.planning import check_model, plan_inference
 from spark_cnn.task.protocol import Hello
@@ -52,6 +53,7 @@ SAMPLES = {
     "overwrite": ["--overwrite"], "quiet": ["--quiet"], "checkpoint": ["--checkpoint", "elsewhere"],
     "max_files_per_trigger": ["--max-files-per-trigger", "7"], "settle_seconds": ["--settle-seconds", "5"],
     "codec": ["--codec", "jpeg"], "device_profile": ["--device-profile", "{profile}"],
+    "min_score": ["--min-score", "0.5"], "max_detections": ["--max-detections", "3"],
     "jpeg_quality": ["--jpeg-quality", "80"], "row_group_mb": ["--row-group-mb", "8"],
 }
 
@@ -74,10 +76,17 @@ INFERENCE = {
     "overwrite": driver("whether the driver may replace OUTPUT (check_paths, publish)"),
     "quiet": driver("the driver's report and Spark's log level"),
 }
+# detect and segment: classify's flags but the classification heads; detect's limits are the sidecar's, and
+# images at their own size are made by the tasks only (--decode sidecar is refused).
+DENSE = {name: where for name, where in INFERENCE.items() if name not in ("top_k", "layer", "logits", "embeddings",
+                                                                          "partition_by")}
+DENSE["decode"] = REFUSED
 # Where each flag of each job goes (a job lists only the flags its parser has; the test checks that too).
 JOBS = {
     "classify": INFERENCE,
     "embed": INFERENCE,
+    "detect": {**DENSE, "min_score": SIDECAR, "max_detections": SIDECAR},
+    "segment": DENSE,
     "etl": {**INFERENCE, "input_format": REFUSED, "image_column": REFUSED, "path_column": REFUSED,
             "label_column": REFUSED, "partition_by": REFUSED, "overwrite": REFUSED,
             "checkpoint": driver("the ETL's checkpoint location (which files are done)"),
@@ -92,6 +101,12 @@ JOBS = {
         "master": INFERENCE["master"], "overwrite": INFERENCE["overwrite"], "quiet": INFERENCE["quiet"]},
 }
 INFERENCE_SAMPLES = {"input_format": ["--input-format", "parquet"]}  # etl: a table input is refused
+# detect and segment run the tiny models of their kind; another model of that kind as the sample.
+DENSE_MODELS = {"detect": TINY_DETECTOR, "segment": TINY_SEGMENTER}
+DENSE_SAMPLES = {"detect": {"model": ["--model", "ssdlite320_mobilenet_v3_large"],
+                            "weights": ["--weights", "{detector}"], "labels": ["--labels", "{tiny_labels}"]},
+                 "segment": {"model": ["--model", "lraspp_mobilenet_v3_large"],
+                             "weights": ["--weights", "{segmenter}"], "labels": ["--labels", "{tiny_labels}"]}}
 # Flags given before and after the sample: the digits model takes only 32x32 crops.
 BASE_FOR = {"crop": ["--model", "mobilenet_v3_small"]}
 
@@ -158,7 +173,7 @@ def test_every_flag_is_accounted_for():
         assert not without_sample, f"{name}: give {sorted(without_sample)} a non-default value in SAMPLES"
 
 
-INFERENCE_COMMANDS = ("classify", "embed", "etl")
+INFERENCE_COMMANDS = ("classify", "embed", "etl", "detect", "segment")
 CASES = [(name, dest) for name, parser in _subcommands().items() if name in JOBS
          for dest in _dests(parser) if dest not in ("input", "output")]
 
@@ -170,19 +185,27 @@ def files(tmp_path_factory):
     torch.save(digits_cnn().state_dict(), weights)
     labels.write_text("".join(f"digit {i}\n" for i in range(10)))
     profile.write_text(synthetic_profile().to_json())
-    return {"weights": str(weights), "labels": str(labels), "profile": str(profile)}
+    detector, segmenter, tiny_labels = folder / "detector.pth", folder / "segmenter.pth", folder / "tiny.txt"
+    torch.save(tiny_detector().state_dict(), detector)
+    torch.save(tiny_segmenter().state_dict(), segmenter)
+    tiny_labels.write_text("".join(f"class {i}\n" for i in range(TINY_CLASSES)))
+    return {"weights": str(weights), "labels": str(labels), "profile": str(profile), "detector": str(detector),
+            "segmenter": str(segmenter), "tiny_labels": str(tiny_labels)}
 
 
 def _argv(name: str, dest: str, files: dict, *, sample: bool = True) -> list[str]:
     """The command line for `dest`'s case: with its sample value, or (sample=False) the baseline."""
     base = [name, "in/", "out/"]
-    if name in INFERENCE_COMMANDS:
+    if name in DENSE_MODELS:
+        base += ["--model", DENSE_MODELS[name]]
+    elif name in INFERENCE_COMMANDS:
         base += ["--model", DIGITS_FACTORY, *BASE_FOR.get(dest, [])]
         if name == "etl":
             base += ["--checkpoint", "ck/"]
     if not sample:
         return base
-    sample = (INFERENCE_SAMPLES.get(dest) if name == "etl" else None) or SAMPLES[dest]
+    sample = (INFERENCE_SAMPLES.get(dest) if name == "etl" else None) or DENSE_SAMPLES.get(name, {}).get(dest) or \
+        SAMPLES[dest]
     return base + [token.format(**files) for token in sample]
 
 
@@ -197,7 +220,8 @@ def _surfaces(name: str, argv: list[str]) -> dict:
         job = etl.etl_config(resolution.resolve(etl.option_table(), flags=resolution.given(args)))
         config = job.classify
     else:
-        config = classify.classify_config(args, embed=name == "embed")
+        config = classify.classify_config(args, embed=name == "embed", task=name if name in DENSE_MODELS else
+                                          "classify")
         job = config
     options = config.inference
     plan = plan_inference(options, check_model(options), app_id="app", job_id="job")

@@ -165,7 +165,7 @@ def test_run_takes_input_and_output_after_the_preset(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("job: train\n", "unknown job 'train'; valid jobs: classify, etl"),
+    ("job: train\n", "unknown job 'train'; valid jobs: classify, detect, etl, segment"),
     ("model: resnet50\n", "needs `job: NAME`"),
     ("- job\n", "expected a mapping"),
     ("job: classify\ninput: [unclosed\n", "not valid YAML"),

@@ -204,6 +204,13 @@ def test_every_inference_option_is_a_job_option_under_its_own_name():
     from spark_cnn.cli.resolution import config_fields
 
     nested = config_fields(ClassifyConfig)
+    # task, min_score, max_detections: set by the detect and segment commands, options of theirs only.
+    tables = {task: option_table(task=task) for task in ("classify", "detect", "segment")}
     for option in fields(InferenceOptions):
         assert nested[option.name].path == ("inference", option.name)
-        assert option.name in option_table(), option.name
+        if option.name == "task":
+            assert not any(option.name in table for table in tables.values())
+        elif option.name in ("min_score", "max_detections"):
+            assert option.name in tables["detect"] and option.name not in tables["classify"], option.name
+        else:
+            assert option.name in tables["classify"], option.name

@@ -142,10 +142,11 @@ def test_transforms_our_preprocessing_cannot_do_are_refused_in_one_line(transfor
     assert isinstance(torchvision.models.video.R3D_18_Weights.DEFAULT.transforms(), VideoClassification)
 
 
-@pytest.mark.parametrize("model", ["r3d_18", "quantized_resnet50", "fasterrcnn_resnet50_fpn"])
+@pytest.mark.parametrize("model", ["r3d_18", "quantized_resnet50", "raft_small"])
 def test_weights_of_models_that_are_not_our_classifiers_are_refused_before_any_download(torch_home, model):
     """torchvision has weights enums for them, but they are not models --model builds."""
-    with pytest.raises(ModelError, match=f"--model {model}: not a torchvision classification model"):
+    with pytest.raises(ModelError, match=f"--model {model}: not a torchvision classification, detection or "
+                                         "segmentation model"):
         resolve_torchvision_weights(model, "DEFAULT")
 
 

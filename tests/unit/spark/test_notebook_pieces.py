@@ -179,7 +179,7 @@ def test_udf_frames_keep_one_row_per_input_and_errors_in_place():
     logits = output_frame(_assembled(logits=True), "logits", None)
     assert list(logits.columns) == ["logits", "error"] and logits["logits"][1] is None
     assert list(logits["logits"][2]) == list(range(10, 20))
-    assert set(OUTPUT_TYPES) == {"top1", "topk", "logits", "embedding", "raw"}
+    assert set(OUTPUT_TYPES) == {"top1", "topk", "logits", "embedding", "raw", "detections", "segments"}
 
 
 def test_raw_rows_are_assembled_without_classes_and_become_the_udf_struct():

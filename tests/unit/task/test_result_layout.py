@@ -17,6 +17,7 @@ from spark_cnn.task.schema import (
     reply_schema,
     spark_ddl,
     spark_type,
+    task_output_schema,
     udf_output_type,
 )
 
@@ -37,7 +38,19 @@ def test_udf_structs_are_the_documented_contract():
         "logits": "struct<logits:array<float>,error:string>",
         "embedding": "struct<embedding:array<float>,error:string>",
         "raw": "struct<raw:array<float>,shape:array<int>,error:string>",
+        "detections": "struct<detections:array<struct<label:int,label_name:string,score:float,box:array<float>>>,"
+                      "error:string>",
+        "segments": "struct<mask:binary,classes:array<struct<label:int,label_name:string,pixels:bigint>>,"
+                    "error:string>",
     }
+
+
+def test_detect_and_segment_outputs_are_the_documented_contract():
+    assert spark_ddl(task_output_schema("detect")) == (
+        "path string, detections array<struct<label:int,label_name:string,score:float,box:array<float>>>, "
+        "error string")
+    assert spark_ddl(task_output_schema("segment")) == (
+        "path string, mask binary, classes array<struct<label:int,label_name:string,pixels:bigint>>, error string")
 
 
 def test_the_reply_holds_the_output_columns_but_those_the_task_adds():
