@@ -54,10 +54,11 @@ def output_task(output) -> str | None:
     return None
 
 
-def wrong_command(source: str, found: str, wanted: str) -> str:
-    """The one line for a model given to the command of another task."""
+def wrong_command(source: str, found: str, wanted: str, aside: str = "") -> str:
+    """The one line for a model given to the command of another task (`aside`: a parenthesis before the advice)."""
     nouns = {"classify": "a classifier", "detect": "a detector", "segment": "a segmenter"}
-    return f"--model {source} is {nouns[found]}, not {nouns[wanted]}; run it with {COMMANDS[found]}"
+    aside = f" ({aside})" if aside else ""
+    return f"--model {source} is {nouns[found]}, not {nouns[wanted]}{aside}; run it with {COMMANDS[found]}"
 
 
 def detect_sizing(module: nn.Module) -> SizeRule:

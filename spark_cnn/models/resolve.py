@@ -75,7 +75,7 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     # torch loads here, not at import: a ResolvedModel unpickled from a child process must not pull it in
     import torch
 
-    from spark_cnn.models.dense_heads import declared_task, output_task, wrong_command
+    from spark_cnn.models.dense_heads import declared_task, wrong_command
     from spark_cnn.models.heads import Predictor
     from spark_cnn.models.loader import build_module, declared_preprocessing
 
@@ -94,16 +94,14 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
     try:
         probe = Predictor(module, top_k=1, logits=True, embeddings=embeddings, embedding_layer=embedding_layer,
                           raw=raw)
+    except ModelError as e:  # e.g. no Linear layer to take embeddings from: a detector or segmenter, perhaps
+        _refuse_another_task(module, prep.crop, spec.source, task, raw, e)
+        raise
+    try:
         with torch.inference_mode():
             out = probe.predict(torch.zeros((1, 3, prep.crop, prep.crop)))
     except ModelError as e:
-        if not raw:
-            with torch.inference_mode():
-                found = _probe_task(module, prep.crop)
-            if found not in (None, "classify"):
-                # A 4-D tensor may be a segmenter's logits or any other map: name both ways to run it.
-                other = " (a model that returns some other tensor: --output raw)" if found == "segment" else ""
-                raise ConfigError(wrong_command(spec.source, found, task) + other) from e
+        _refuse_another_task(module, prep.crop, spec.source, task, raw, e)
         raise ModelError(f"--model {spec.source}: {e}") from None
     except Exception as e:
         raise ModelError(f"--model {spec.source} failed on a 1x3x{prep.crop}x{prep.crop} input "
@@ -128,6 +126,23 @@ def resolve_endpoint(spec: ModelSpec, *, top_k: int | None = None, logits: bool 
                         weights_enum=weights.enum, kind=spec.kind).with_fingerprint()
     embedding_dim = int(out["embedding"].shape[1]) if embeddings else None
     return ResolvedModel(endpoint=endpoint, num_classes=num_classes, embedding_dim=embedding_dim, weights=weights)
+
+
+def _refuse_another_task(module, size: int, source: str, task: str, raw: bool, error: Exception) -> None:
+    """A ConfigError naming the command that fits, when a model that failed as a classifier is a detector or a
+    segmenter (with --output raw any one tensor is fine, so nothing is refused here)."""
+    import torch
+
+    from spark_cnn.models.dense_heads import wrong_command
+
+    if raw:
+        return
+    with torch.inference_mode():
+        found = _probe_task(module, size)
+    if found not in (None, "classify"):
+        # Segmenter-like output may be any other per-pixel map too: name both ways to run it.
+        aside = "for any other tensor use --output raw" if found == "segment" else ""
+        raise ConfigError(wrong_command(source, found, task, aside)) from error
 
 
 def _probe_task(module, size: int) -> str | None:
