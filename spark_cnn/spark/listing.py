@@ -13,6 +13,8 @@ skipped too (reading one could block a task). Object stores and HDFS (`list_obje
 from __future__ import annotations
 
 import fnmatch
+import heapq
+import math
 import os
 import posixpath
 import re
@@ -25,8 +27,18 @@ from spark_cnn.task.object_store import StorageOptions, filesystem, join_uri, sp
 
 _scandir = os.scandir  # module attribute, so a test can make one folder fail as an unreadable one does
 
+# Files the tasks read themselves (no content in the row) need not be packed by bytes: a task streams them one
+# request at a time, so only the output decides how many files a partition should hold. Each task writes one
+# output file, and a classify row of a small image is ~40 bytes of Parquet (bench-scale, docs/benchmarks.md):
+# 20,000 files per task give output files of about a megabyte and bound what a retried task redoes (~1 min of
+# one core at the near-free model's rate); fewer files per task only add tiny files and per-task costs.
+MIN_FILES_PER_TASK = 20_000
+# ... but never fewer partitions than this many per core, Spark's tuning guide's 2-3 tasks per core: a slow
+# task then leaves the other cores work.
+TASKS_PER_CORE = 3
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)  # slots: a million entries of a listing cost ~100 MB less on the driver
 class Entry:
     """A file to read (`error` None; `size` in bytes, 0 when it cannot be stat'ed; `mtime_ms` its modification
     time, the link's own for a dangling link) or a folder that could not be listed (`error` says why)."""
@@ -117,9 +129,44 @@ def _file_entry(path: str) -> Entry | None:
 
 
 def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,
-                    min_partitions: int) -> list[list[Entry]]:
+                    min_partitions: int, min_files: int | None = None) -> list[list[Entry]]:
     """Group files into partitions as Spark's file scan does (FilePartition.getFilePartitions): largest first,
-    each partition filled up to a split size, every file counting its size plus `open_cost_bytes`."""
+    each partition filled up to a split size, every file counting its size plus `open_cost_bytes`.
+
+    `min_files` (files the tasks read themselves): where that gives partitions of fewer files on average (many
+    small files: Spark's 4 MB open cost makes 32 files per partition, 31,250 tasks and output files for a million
+    images), the files are spread instead over `merged_partition_count` partitions, largest first onto the
+    lightest, so the partitions stay even in bytes."""
+    partitions = _spark_packing(entries, max_partition_bytes=max_partition_bytes, open_cost_bytes=open_cost_bytes,
+                                min_partitions=min_partitions)
+    if min_files is None or len(partitions) <= 1 or len(entries) >= min_files * len(partitions):
+        return partitions
+    count = merged_partition_count(len(entries), min_partitions=min_partitions, min_files=min_files)
+    if count >= len(partitions):
+        return partitions
+    bins: list[tuple[int, int]] = [(0, i) for i in range(count)]  # (bytes so far, partition), a heap
+    merged: list[list[Entry]] = [[] for _ in range(count)]
+    for entry in sorted(entries, key=lambda e: e.size, reverse=True):
+        load, i = heapq.heappop(bins)
+        merged[i].append(entry)
+        heapq.heappush(bins, (load + entry.size + open_cost_bytes, i))
+    return merged
+
+
+def merged_partition_count(files: int, *, min_partitions: int, min_files: int) -> int:
+    """Partitions for `files` small files: enough for `min_files` each, but at least TASKS_PER_CORE per core
+    (`min_partitions`, Spark's default parallelism) while there are files for them.
+
+    >>> merged_partition_count(1_000_000, min_partitions=2, min_files=20_000)
+    50
+    >>> merged_partition_count(20_000, min_partitions=2, min_files=20_000)
+    6
+    """
+    return max(1, min(files, max(min_partitions * TASKS_PER_CORE, math.ceil(files / min_files))))
+
+
+def _spark_packing(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,
+                   min_partitions: int) -> list[list[Entry]]:
     total = sum(e.size + open_cost_bytes for e in entries)
     split = min(max_partition_bytes, max(open_cost_bytes, total // max(1, min_partitions)))
     partitions: list[list[Entry]] = []

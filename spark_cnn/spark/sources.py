@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -26,11 +25,19 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_cnn.config import InputOptions
+from spark_cnn.config import InputOptions, byte_size
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
-from spark_cnn.spark.listing import Entry, is_hidden, list_objects, matches_glob, pack_partitions, walk_files
+from spark_cnn.spark.listing import (
+    MIN_FILES_PER_TASK,
+    Entry,
+    is_hidden,
+    list_objects,
+    matches_glob,
+    pack_partitions,
+    walk_files,
+)
 from spark_cnn.spark.session import is_connect
 from spark_cnn.spark.storage import ArrowFS, local_path
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
@@ -262,12 +269,14 @@ def local_files(spark: SparkSession, folder: str, *, glob: str | None = None) ->
 
 def listed_frame(spark: SparkSession, entries: list[Entry]) -> DataFrame:
     """(path, null content, size) for listed `entries` (paths as the rows should spell them), one Spark partition
-    per group `listing.pack_partitions` makes, as Spark's file scan packs files; rows in packed order.
+    per group `listing.pack_partitions` makes, as Spark's file scan packs files, but at least MIN_FILES_PER_TASK
+    files per partition where there are enough cores' worth (the tasks read the files, and each task writes one
+    output file); rows in packed order.
 
     No `sparkContext` (Spark Connect has none) and no Python worker: a small table of the groups (one row each,
     their paths and sizes as arrays) is broadcast onto `range(n)` in n partitions, so partition i holds group
     i alone, and exploded there."""
-    partitions = pack_partitions(entries, **file_packing(spark))
+    partitions = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
     if not partitions:
         return spark.createDataFrame([], LISTED_ROW_SCHEMA)
     groups = spark.createDataFrame([(i, [e.path for e in group], [e.size for e in group])
@@ -286,22 +295,6 @@ def file_packing(spark: SparkSession) -> dict:
     return {"max_partition_bytes": byte_size(spark.conf.get("spark.sql.files.maxPartitionBytes")),
             "open_cost_bytes": byte_size(spark.conf.get("spark.sql.files.openCostInBytes")),
             "min_partitions": int(minimum) if minimum else default_parallelism(spark)}
-
-
-_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
-               "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
-
-
-def byte_size(text: str) -> int:
-    """A Spark size setting in bytes: `134217728`, `134217728b`, `128m`, `128MB`, `4k`.
-
-    >>> byte_size("128MB"), byte_size("4194304b"), byte_size("1g")
-    (134217728, 4194304, 1073741824)
-    """
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
-    if match is None or match.group(2).lower() not in _BYTE_UNITS:
-        raise ConfigError(f"{text!r} is not a size in bytes (e.g. 128m)")
-    return int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
 
 
 def default_parallelism(spark: SparkSession) -> int:

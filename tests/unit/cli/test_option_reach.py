@@ -48,7 +48,8 @@ SAMPLES = {
     "master": ["--master", "local[1]"], "remote": ["--remote", "sc://127.0.0.1:15002"],
     "summary": ["--summary", "s.json"], "partition_by": ["--partition-by", "label"],
     "overwrite": ["--overwrite"], "quiet": ["--quiet"], "checkpoint": ["--checkpoint", "elsewhere"],
-    "max_files_per_trigger": ["--max-files-per-trigger", "7"], "settle_seconds": ["--settle-seconds", "5"],
+    "max_files_per_trigger": ["--max-files-per-trigger", "7"],
+    "max_bytes_per_trigger": ["--max-bytes-per-trigger", "64m"], "settle_seconds": ["--settle-seconds", "5"],
     "codec": ["--codec", "jpeg"],
     "jpeg_quality": ["--jpeg-quality", "80"], "row_group_mb": ["--row-group-mb", "8"],
 }
@@ -79,6 +80,7 @@ JOBS = {
             "label_column": REFUSED, "partition_by": REFUSED, "overwrite": REFUSED,
             "checkpoint": driver("the ETL's checkpoint location (which files are done)"),
             "max_files_per_trigger": driver("the ETL's micro-batch size (files per batch)"),
+            "max_bytes_per_trigger": driver("the ETL's micro-batch size (input bytes per batch)"),
             "settle_seconds": driver("which listed files a run takes (etl_listing.settled)")},
     "to-petastorm": {
         "input": PATHS, "output": PATHS,
