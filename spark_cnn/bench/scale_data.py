@@ -1,8 +1,8 @@
 """`spark-cnn bench-scale`'s images: N small real PNGs (scikit-learn's handwritten digits) in nested folders.
 
 `INPUT/<digit>/<group>/<index>.png`: the class folder gives each file its true label (ImageFolder layout), and
-groups of FILES_PER_FOLDER keep folders as large as real landing zones' are, so a million files make 1,000
-folders. The 1,797 digits are encoded once; the files are written by a pool of processes (one slice of
+each group of INDICES_PER_GROUP consecutive files is split over the ten class folders, so folders hold ~100
+files and a million files make 10,000 folders (listing walks many folders, as a landing zone's dated ones). The 1,797 digits are encoded once; the files are written by a pool of processes (one slice of
 the indices each) and cached per N under the data dir, with a marker written last, so a rerun never
 regenerates and an interrupted one is finished (files already there are skipped).
 """
@@ -15,9 +15,9 @@ from concurrent.futures import ProcessPoolExecutor
 
 from spark_cnn.errors import missing_extra
 
-# Files per folder: large enough that listing a million files is dominated by files, not folders; small
-# enough that a folder lists in milliseconds.
-FILES_PER_FOLDER = 1000
+# Consecutive files per group (split over the class folders): ~100 files per folder, a folder per 100 files, so
+# the listing's cost per folder shows as well as its cost per file.
+INDICES_PER_GROUP = 1000
 SCALE_DATA_VERSION = 1  # bump when the files change, so an old cache is never taken for the new set
 _DONE_MARKER = "_COMPLETE"
 CLASSES = 10
@@ -48,7 +48,7 @@ def digit_labels() -> list[int]:
 
 def file_path(root: str, index: int, label: int) -> str:
     """Where file `index` of class `label` lives: `root/<label>/<group>/<index>.png`."""
-    return os.path.join(root, str(label), f"g{index // FILES_PER_FOLDER:05d}", f"{index:08d}.png")
+    return os.path.join(root, str(label), f"g{index // INDICES_PER_GROUP:05d}", f"{index:08d}.png")
 
 
 def scale_dir(files: int, data_dir: str) -> str:
@@ -80,8 +80,8 @@ def slices(files: int, workers: int) -> list[tuple[int, int]]:
     >>> slices(2500, 2)
     [(0, 2000), (2000, 2500)]
     """
-    folders = -(-files // FILES_PER_FOLDER)
-    per = -(-folders // max(1, workers)) * FILES_PER_FOLDER
+    folders = -(-files // INDICES_PER_GROUP)
+    per = -(-folders // max(1, workers)) * INDICES_PER_GROUP
     return [(start, min(files, start + per)) for start in range(0, files, per)]
 
 
