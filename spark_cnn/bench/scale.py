@@ -84,13 +84,16 @@ def tasks_of(events: Iterable[dict]) -> list[dict]:
 
 
 def inference_tasks(tasks: list[dict]) -> list[dict]:
-    """The tasks of the stage that wrote the output rows (the most records; the job's mapInArrow + write)."""
+    """The tasks of the stage that wrote the output rows (the most records: the job's mapInArrow + write); where
+    nothing was written (--plan-only), of the stage with the most tasks (the scan of the listed files)."""
     written: dict[int, int] = {}
+    counts: dict[int, int] = {}
     for task in tasks:
         written[task["stage"]] = written.get(task["stage"], 0) + task["records"]
-    if not written or max(written.values()) == 0:
+        counts[task["stage"]] = counts.get(task["stage"], 0) + 1
+    if not written:
         return []
-    stage = max(written, key=written.get)
+    stage = max(written, key=written.get) if max(written.values()) > 0 else max(counts, key=counts.get)
     return [task for task in tasks if task["stage"] == stage]
 
 

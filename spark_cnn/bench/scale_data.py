@@ -2,9 +2,10 @@
 
 `INPUT/<digit>/<group>/<index>.png`: the class folder gives each file its true label (ImageFolder layout), and
 each group of INDICES_PER_GROUP consecutive files is split over the ten class folders, so folders hold ~100
-files and a million files make 10,000 folders (listing walks many folders, as a landing zone's dated ones). The 1,797 digits are encoded once; the files are written by a pool of processes (one slice of
-the indices each) and cached per N under the data dir, with a marker written last, so a rerun never
-regenerates and an interrupted one is finished (files already there are skipped).
+files and a million files make 10,000 folders (listing walks many folders, as a landing zone's dated ones).
+The 1,797 digits are encoded once; the files are written by a pool of processes (one slice of the indices
+each) and cached per N under the data dir, with a marker written last, so a rerun never regenerates and an
+interrupted one is finished (files already there are skipped).
 """
 
 from __future__ import annotations
