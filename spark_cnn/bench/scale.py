@@ -115,11 +115,11 @@ def steady_rate(tasks: list[dict]) -> dict:
     first_finish = min(t["finish_ms"] for t in tasks)
     span_s = (max(t["finish_ms"] for t in tasks) - first_launch) / 1000
     records = sum(t["records"] for t in tasks)
-    job = records / span_s if span_s > 0 else None
+    job = records / span_s if span_s > 0 and records else None
     slots = sum(1 for t in tasks if t["launch_ms"] < first_finish)
     later = [t for t in tasks if t["launch_ms"] >= first_finish]
     busy_s = sum(t["finish_ms"] - t["launch_ms"] for t in later) / 1000
-    steady = slots * sum(t["records"] for t in later) / busy_s if later and busy_s > 0 else job
+    steady = slots * sum(t["records"] for t in later) / busy_s if later and busy_s > 0 and records else job
     return {"tasks": len(tasks), "slots": slots, "job": _round(job), "steady": _round(steady),
             "first_launch_ms": first_launch}
 

@@ -66,11 +66,11 @@ def list_local(folder: str, glob: str | None, *, unlisted: list[str] | None = No
     whose rows say so; each real folder once). An unreadable folder is left out, so its files come once it can be
     read; it is added to `unlisted` (as `file:/folder`) when given."""
     files = []
-    for entry in walk_files(folder, glob=glob):
+    for entry in walk_files(folder, glob=glob, prefix="file:"):
         if entry.error is None:
-            files.append(ListedFile("file:" + entry.path, entry.size, entry.mtime_ms))
+            files.append(ListedFile(entry.path, entry.size, entry.mtime_ms))
         elif unlisted is not None:
-            unlisted.append("file:" + entry.path)
+            unlisted.append(entry.path)
     return files
 
 

@@ -71,13 +71,14 @@ def _reason(error: OSError) -> str:
     return f"{type(error).__name__}: {error.strerror or error}"
 
 
-def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
+def walk_files(root: str, *, glob: str | None = None, prefix: str = "") -> Iterator[Entry]:
     """Every visible file under `root` (a folder, or one file) whose name matches `glob`, depth first in name
-    order, and every folder below `root` that cannot be listed. `root` itself unlistable: InputError."""
+    order, and every folder below `root` that cannot be listed, their paths spelled `prefix` + path (`file:`
+    as Spark spells them: a million files are not spelled twice). `root` itself unlistable: InputError."""
     root = posixpath.normpath(root)
     if not os.path.isdir(root):
         if matches_glob(os.path.basename(root), glob):
-            yield _file_entry(root)
+            yield _file_entry(root, prefix)
         return
     seen: set[tuple[int, int]] = set()
     pending = [root]
@@ -93,7 +94,7 @@ def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
         except OSError as e:
             if folder == root:
                 raise InputError(f"input {root} cannot be listed ({_reason(e)}): check its permissions") from e
-            yield Entry(folder, error=f"cannot list folder: {_reason(e)}")
+            yield Entry(prefix + folder, error=f"cannot list folder: {_reason(e)}")
             continue
         subfolders = []
         for entry in entries:
@@ -102,7 +103,7 @@ def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
             if _is_folder(entry):
                 subfolders.append(entry.path)
             elif matches_glob(entry.name, glob):
-                file = _file_entry(entry.path)
+                file = _file_entry(entry.path, prefix)
                 if file is not None:
                     yield file
         pending.extend(reversed(subfolders))
@@ -115,17 +116,17 @@ def _is_folder(entry: os.DirEntry) -> bool:
         return False
 
 
-def _file_entry(path: str) -> Entry | None:
+def _file_entry(path: str, prefix: str = "") -> Entry | None:
     try:
         info = os.stat(path)
     except OSError:  # a dangling link, a loop of links: listed, so its read fails and it gets its error row
         try:
-            return Entry(path, mtime_ms=os.lstat(path).st_mtime_ns // 1_000_000)
+            return Entry(prefix + path, mtime_ms=os.lstat(path).st_mtime_ns // 1_000_000)
         except OSError:
-            return Entry(path)
+            return Entry(prefix + path)
     if not stat.S_ISREG(info.st_mode):
         return None
-    return Entry(path, info.st_size, mtime_ms=info.st_mtime_ns // 1_000_000)
+    return Entry(prefix + path, info.st_size, mtime_ms=info.st_mtime_ns // 1_000_000)
 
 
 def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,

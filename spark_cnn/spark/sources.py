@@ -264,8 +264,7 @@ def spark_path(local: str) -> str:
 def local_files(spark: SparkSession, folder: str, *, glob: str | None = None) -> DataFrame:
     """(path, null content, size) for every entry `listing.walk_files` finds under the local `folder` (a folder it
     could not list is one row, whose read fails in the task with the reason); see `listed_frame`."""
-    entries = [Entry(spark_path(e.path), e.size, e.error, e.mtime_ms) for e in walk_files(folder, glob=glob)]
-    return listed_frame(spark, entries)
+    return listed_frame(spark, list(walk_files(folder, glob=glob, prefix=spark_path(""))))
 
 
 def listed_frame(spark: SparkSession, entries: list[Entry]) -> DataFrame:
