@@ -97,27 +97,27 @@ def inference_tasks(tasks: list[dict]) -> list[dict]:
     return [task for task in tasks if task["stage"] == stage]
 
 
-def steady_rate(tasks: list[dict]) -> dict:
-    """Images/s of a stage's tasks: `job` over its whole span; `steady` from the tasks launched once the first
-    task had finished (the first wave pays the Python workers' and the sidecar's start): the rate one slot
-    reaches, rows per task-second, times the slots (tasks of the first wave). With a single wave, `steady` is
-    the job rate.
+def steady_rate(tasks: list[dict], slots: int) -> dict:
+    """Images/s of a stage's tasks on `slots` cores: `job` over the stage's whole span; `steady` leaves out the
+    first wave (the first `slots` tasks to launch, which pay the Python workers' and the sidecar's start): rows
+    per task-second of the later tasks, times the slots. With a single wave, `steady` is the job rate.
 
     >>> tasks = [{"launch_ms": 0, "finish_ms": 2000, "records": 100}, {"launch_ms": 0, "finish_ms": 2100,
-    ...          "records": 100}, {"launch_ms": 2000, "finish_ms": 3000, "records": 100},
+    ...          "records": 100}, {"launch_ms": 1998, "finish_ms": 3000, "records": 100},
     ...          {"launch_ms": 2100, "finish_ms": 3100, "records": 100}]
-    >>> steady_rate(tasks)
-    {'tasks': 4, 'slots': 2, 'job': 129.03, 'steady': 200.0, 'first_launch_ms': 0}
+    >>> steady_rate(tasks, slots=2)
+    {'tasks': 4, 'slots': 2, 'job': 129.03, 'steady': 199.8, 'first_launch_ms': 0}
     """
     if not tasks:
-        return {"tasks": 0, "slots": 0, "job": None, "steady": None, "first_launch_ms": None}
-    first_launch = min(t["launch_ms"] for t in tasks)
-    first_finish = min(t["finish_ms"] for t in tasks)
+        return {"tasks": 0, "slots": slots, "job": None, "steady": None, "first_launch_ms": None}
+    ordered = sorted(tasks, key=lambda t: t["launch_ms"])
+    first_launch = ordered[0]["launch_ms"]
     span_s = (max(t["finish_ms"] for t in tasks) - first_launch) / 1000
     records = sum(t["records"] for t in tasks)
     job = records / span_s if span_s > 0 and records else None
-    slots = sum(1 for t in tasks if t["launch_ms"] < first_finish)
-    later = [t for t in tasks if t["launch_ms"] >= first_finish]
+    # By launch order, not by time: Spark may launch the next task a few ms before it records the finish of the
+    # task whose core it takes.
+    later = ordered[slots:]
     busy_s = sum(t["finish_ms"] - t["launch_ms"] for t in later) / 1000
     steady = slots * sum(t["records"] for t in later) / busy_s if later and busy_s > 0 and records else job
     return {"tasks": len(tasks), "slots": slots, "job": _round(job), "steady": _round(steady),
@@ -154,7 +154,7 @@ def output_ok(stats: dict, *, cores: int) -> bool:
 # ---- running -------------------------------------------------------------------------------------------------
 
 
-def measure(task: ScaleTask, workdir: str) -> dict:
+def measure(task: ScaleTask, workdir: str, *, cores: int) -> dict:
     """One scale_job run in a fresh process; adds its peak memory by process kind and its event-log timings."""
     out = os.path.join(workdir, f"{task.mode}-{os.path.basename(task.input)}.json")
     started_ms = int(time.time() * 1000)
@@ -171,7 +171,7 @@ def measure(task: ScaleTask, workdir: str) -> dict:
     events = read_events(logs[0]) if logs else []
     call_ms = result["call_started_ms"]
     first = first_task_ms(events, call_ms)
-    inference = steady_rate(inference_tasks(tasks_of(events)))
+    inference = steady_rate(inference_tasks(tasks_of(events)), slots=cores)
     peaks = {kind: round(value / 2**20, 1) for kind, value in sampler.peak_rss_of_role.items()}
     result.update(
         process_started_ms=started_ms,
@@ -182,8 +182,9 @@ def measure(task: ScaleTask, workdir: str) -> dict:
         rate=inference, peak_rss_mb=peaks,
         driver_rss_mb=round(peaks.get("driver", 0) + peaks.get("jvm", 0), 1),
         leftover_processes=leftovers)
-    if task.mode == "classify":
+    if task.mode != "plan":
         result["output"] = output_stats(task.output)
+    if task.mode == "classify":
         last_finish = max((t["finish_ms"] for t in inference_tasks(tasks_of(events))), default=None)
         # after the last task: the write's commit, publishing, the counts and the summary file
         result["after_tasks_s"] = (None if last_finish is None
@@ -204,15 +205,15 @@ def run_scale_bench(config: ScaleConfig, log=print) -> dict:
 
         if config.plan_only:
             log(f"plan only: listing and partitioning {files:,} files ...")
-            report["runs"][f"plan-{files}"] = measure(task("plan", files), workdir)
+            report["runs"][f"plan-{files}"] = measure(task("plan", files), workdir, cores=config.cores)
             return report
         sizes = [files] if config.quick or files <= BASELINE_FILES else [BASELINE_FILES, files]
         for n in sizes:
             log(f"classify {n:,} files ...")
-            report["runs"][f"classify-{n}"] = measure(task("classify", n), workdir)
+            report["runs"][f"classify-{n}"] = measure(task("classify", n), workdir, cores=config.cores)
         if config.etl:
             log(f"etl {files:,} new files ...")
-            report["runs"][f"etl-{files}"] = measure(task("etl", files), workdir)
+            report["runs"][f"etl-{files}"] = measure(task("etl", files), workdir, cores=config.cores)
     report["targets"] = targets(report, cores=config.cores)
     return report
 

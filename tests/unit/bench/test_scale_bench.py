@@ -48,13 +48,14 @@ def test_the_steady_rate_leaves_out_the_first_wave_and_counts_the_slots():
     tasks = [{"launch_ms": 0, "finish_ms": 4000, "records": 100},  # first wave: worker and sidecar start
              {"launch_ms": 0, "finish_ms": 4000, "records": 100},
              *({"launch_ms": 4000 + 1000 * k, "finish_ms": 5000 + 1000 * k, "records": 100} for k in range(6))]
-    rate = scale.steady_rate(tasks)
+    tasks[2]["launch_ms"] = 3998  # Spark launched it just before it recorded the finish of the task it follows
+    rate = scale.steady_rate(tasks, slots=2)
     assert (rate["tasks"], rate["slots"]) == (8, 2)
-    assert rate["steady"] == 200.0  # 100 rows per task-second, two slots
+    assert rate["steady"] == round(2 * 600 / 6.002, 2)  # ~100 rows per task-second, two slots
     assert rate["job"] == 80.0  # 800 rows over 10 s
-    one_wave = scale.steady_rate(tasks[:2])
+    one_wave = scale.steady_rate(tasks[:2], slots=2)
     assert one_wave["steady"] == one_wave["job"] == 50.0
-    assert scale.steady_rate([])["steady"] is None
+    assert scale.steady_rate([], slots=2)["steady"] is None
 
 
 def test_the_inference_stage_is_the_one_that_wrote_the_rows_and_failed_attempts_do_not_count():
