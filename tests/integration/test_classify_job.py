@@ -113,8 +113,9 @@ def test_fixed_batch_size_and_summary_file(spark, demo_assets, tmp_path):
     summary = classify(ClassifyConfig(folder, str(tmp_path / "out"), InferenceOptions(
         ModelSpec(DIGITS_FACTORY, demo_assets.weights), labels=demo_assets.labels, batch_size=2),
         summary=summary_path), spark=spark)
-    # one Spark job, the write: the summary's counts were gathered while writing, the output is not read back
-    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before + 1
+    # two Spark jobs: the listing's groups (broadcast to the scan) and the write; the summary's counts were
+    # gathered while writing, so no job reads the output back
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before + 2
     with open(summary_path) as f:
         written = json.load(f)
     assert written == summary
