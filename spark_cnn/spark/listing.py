@@ -33,8 +33,9 @@ _scandir = os.scandir  # module attribute, so a test can make one folder fail as
 # 20,000 files per task give output files of about a megabyte and bound what a retried task redoes (~1 min of
 # one core at the near-free model's rate); fewer files per task only add tiny files and per-task costs.
 MIN_FILES_PER_TASK = 20_000
-# ... but never fewer partitions than this many per core, Spark's tuning guide's 2-3 tasks per core: a slow
-# task then leaves the other cores work.
+# ... but never fewer partitions than this many per core (Spark's default parallelism, or
+# spark.sql.files.minPartitionNum when set), Spark's tuning guide's 2-3 tasks per core: a slow task then leaves
+# the other cores work.
 TASKS_PER_CORE = 3
 
 
