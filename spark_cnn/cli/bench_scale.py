@@ -25,19 +25,25 @@ def register(commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_cnn.bench.scale import DEFAULT_FILES, QUICK_FILES, ScaleConfig, run_scale_bench, table
+    from spark_cnn.bench.scale import run_scale_bench, table
     from spark_cnn.cli.common import write_json
+
+    report = run_scale_bench(scale_config(args))
+    print()
+    print(table(report))
+    write_json(args.json, report)
+    return 0
+
+
+def scale_config(args: argparse.Namespace):
+    """The ScaleConfig the flags ask for; a bad combination is one ConfigError line."""
+    from spark_cnn.bench.scale import DEFAULT_FILES, QUICK_FILES, ScaleConfig
     from spark_cnn.errors import ConfigError
 
     if args.files is not None and args.files < 1:
         raise ConfigError(f"--files {args.files}: expected a positive number of files")
     if args.quick and args.plan_only:
         raise ConfigError("--quick and --plan-only: choose one (--quick classifies, --plan-only does not)")
-    files = args.files or (QUICK_FILES if args.quick else DEFAULT_FILES)
-    config = ScaleConfig(files=files, quick=args.quick, plan_only=args.plan_only, etl=args.etl,
-                         **({"data_dir": args.data_dir} if args.data_dir else {}))
-    report = run_scale_bench(config)
-    print()
-    print(table(report))
-    write_json(args.json, report)
-    return 0
+    extra = {"data_dir": args.data_dir} if args.data_dir else {}
+    return ScaleConfig(files=args.files or (QUICK_FILES if args.quick else DEFAULT_FILES), quick=args.quick,
+                       plan_only=args.plan_only, etl=args.etl, **extra)

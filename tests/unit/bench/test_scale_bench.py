@@ -106,3 +106,22 @@ def test_the_measured_driver_loads_the_near_free_model_by_name_without_torch():
     from spark_cnn.bench.tiny import IDENTITY_FACTORY
 
     assert scale_job.IDENTITY_FACTORY == IDENTITY_FACTORY
+
+
+def test_the_command_line_sizes_the_run_and_refuses_a_contradiction():
+    import pytest
+
+    from spark_cnn.cli import build_parser
+    from spark_cnn.cli.bench_scale import scale_config
+    from spark_cnn.errors import ConfigError
+
+    def config(*argv: str) -> scale.ScaleConfig:
+        return scale_config(build_parser().parse_args(["bench-scale", *argv]))
+
+    assert (config().files, config().quick) == (1_000_000, False)
+    assert (config("--quick").files, config("--quick", "--files", "300").files) == (20_000, 300)
+    assert config("--plan-only", "--files", "5").plan_only
+    with pytest.raises(ConfigError, match="choose one"):
+        config("--quick", "--plan-only")
+    with pytest.raises(ConfigError, match="positive"):
+        config("--files", "0")
