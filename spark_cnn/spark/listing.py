@@ -29,9 +29,9 @@ _scandir = os.scandir  # module attribute, so a test can make one folder fail as
 
 # Files the tasks read themselves (no content in the row) need not be packed by bytes: a task streams them one
 # request at a time, so only the output decides how many files a partition should hold. Each task writes one
-# output file, and a classify row of a small image is ~40 bytes of Parquet (bench-scale, docs/benchmarks.md):
-# 20,000 files per task give output files of about a megabyte and bound what a retried task redoes (~1 min of
-# one core at the near-free model's rate); fewer files per task only add tiny files and per-task costs.
+# output file, ~20 bytes of Parquet per classify row (`bench-scale --files 1000000`, docs/benchmarks.md): 20,000
+# files per task make a million images 50 files of 0.4 MB instead of 1,954 of 10 KB, and a retried task redoes
+# ~15 s of one core here at the near-free model's rate; fewer files per task only add tiny files and task costs.
 MIN_FILES_PER_TASK = 20_000
 # ... but never fewer partitions than this many per core (Spark's default parallelism, or
 # spark.sql.files.minPartitionNum when set), Spark's tuning guide's 2-3 tasks per core: a slow task then leaves
