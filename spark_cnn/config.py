@@ -227,9 +227,9 @@ def byte_size(text: str) -> int:
 
 
 # Files per ETL micro-batch. Each micro-batch pays a fixed cost (a Spark job, its staging folder, the rename, the
-# checkpoint's files: ~2-4 s here), so 1,000-file batches lost a third of classify's rate on small images; 50,000
-# small images are ~70 s of work on two cores and on a GPU host still ~5 s, while a killed run redoes at most one
-# batch (and `--max-bytes-per-trigger` bounds it for large files).
+# checkpoint's files: ~0.4 s on the 2-core host), so 1,000-file batches of small images ran at half the rate of
+# one batch (docs/benchmarks.md); 50,000 small images are ~20-40 s of work on two cores, while a killed run
+# redoes at most one batch (and `--max-bytes-per-trigger` bounds it for large files).
 DEFAULT_MAX_FILES_PER_TRIGGER = 50_000
 # Bytes per ETL micro-batch: a batch of large photos ends long before 50,000 files (8 GiB is ~30,000 300 KB JPEGs,
 # minutes of work on a CPU executor), so what a killed run redoes stays bounded by work, not only by count.
