@@ -32,6 +32,10 @@ class ScaleTask:
     master: str = "local[2]"
     model: str = IDENTITY_FACTORY
 
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: expected one of {', '.join(MODES)}")
+
 
 def _session(task: ScaleTask):
     from spark_cnn.spark.session import spark_session
