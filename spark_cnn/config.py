@@ -281,9 +281,30 @@ def parse_batch_size(text: str) -> int | None:
         raise ConfigError(f"--batch-size {text}: expected auto or a positive integer") from None
 
 
-# Files per ETL micro-batch: a killed run redoes at most this many images, and each batch's output directory
-# stays a few hundred MB of JPEG input; a backlog of a million files still makes only ~1,000 batches.
-DEFAULT_MAX_FILES_PER_TRIGGER = 1000
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
+
+
+def byte_size(text: str) -> int:
+    """A Spark size setting in bytes: `134217728`, `134217728b`, `128m`, `128MB`, `4k`.
+
+    >>> byte_size("128MB"), byte_size("4194304b"), byte_size("1g")
+    (134217728, 4194304, 1073741824)
+    """
+    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
+    if match is None or match.group(2).lower() not in _BYTE_UNITS:
+        raise ConfigError(f"{text!r} is not a size in bytes (e.g. 128m)")
+    return int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
+
+
+# Files per ETL micro-batch. Each micro-batch pays a fixed cost (a Spark job, its staging folder, the rename, the
+# checkpoint's files: ~0.4 s on the 2-core host), so 1,000-file batches of small images ran at half the rate of
+# one batch (docs/benchmarks.md); 50,000 small images are ~20-40 s of work on two cores, while a killed run
+# redoes at most one batch (and `--max-bytes-per-trigger` bounds it for large files).
+DEFAULT_MAX_FILES_PER_TRIGGER = 50_000
+# Bytes per ETL micro-batch: a batch of large photos ends long before 50,000 files (8 GiB is ~30,000 300 KB JPEGs,
+# minutes of work on a CPU executor), so what a killed run redoes stays bounded by work, not only by count.
+DEFAULT_MAX_BYTES_PER_TRIGGER = 8 << 30
 # A file unchanged this long is taken as complete: a copy in progress updates its modification time far more
 # often, and a cron interval is much longer.
 DEFAULT_SETTLE_S = 30.0
@@ -296,6 +317,7 @@ class EtlConfig:
     classify: ClassifyConfig = nested()
     checkpoint: str = ""
     max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER
+    max_bytes_per_trigger: int = DEFAULT_MAX_BYTES_PER_TRIGGER
     settle_s: float = field(default=DEFAULT_SETTLE_S, metadata={OPTION_NAME: "settle_seconds"})
 
     def __post_init__(self) -> None:
@@ -303,6 +325,9 @@ class EtlConfig:
             raise ConfigError("etl needs --checkpoint DIR: the folder where it remembers which images it has done")
         if self.max_files_per_trigger < 1:
             raise ConfigError(f"--max-files-per-trigger {self.max_files_per_trigger}: expected a positive integer")
+        if self.max_bytes_per_trigger < 1:
+            raise ConfigError(f"--max-bytes-per-trigger {self.max_bytes_per_trigger}: expected a positive size "
+                              "(e.g. 8g)")
         if not self.settle_s >= 0:
             raise ConfigError(f"--settle-seconds {self.settle_s}: expected a number of seconds, 0 or more")
         if self.classify.overwrite:

@@ -54,7 +54,7 @@ def process_kind(args: Sequence[bytes]) -> str:
 
     jvm: Spark's JVM (driver and, in local mode, the executors; an executor JVM elsewhere). python_worker: the
     pyspark daemon and the workers it forks (they keep its command line). sidecar: spark_cnn's sidecar. driver:
-    the bench's variant process (the user's Python driver, or the bare loop itself).
+    the bench's variant process (the user's Python driver, or the bare loop itself), or bench-scale's job.
     """
     text = b" ".join(args)
     if args and args[0].endswith(b"java"):
@@ -63,7 +63,7 @@ def process_kind(args: Sequence[bytes]) -> str:
         return "sidecar"
     if b"pyspark.daemon" in text or b"pyspark.worker" in text:
         return "python_worker"
-    if b"spark_cnn.bench.variants" in text:
+    if b"spark_cnn.bench.variants" in text or b"spark_cnn.bench.scale_job" in text:
         return "driver"
     return "other"
 

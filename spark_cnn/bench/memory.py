@@ -132,6 +132,7 @@ class TreeMemorySampler:
         self.peak_pss: int | None = None
         self.peak_processes = 0
         self.peak_rss_by_role: dict[str, int] = {}  # at the sample with the highest total
+        self.peak_rss_of_role: dict[str, int] = {}  # each role's own peak, whenever it came
         self.samples = 0
         self.pss_reads = 0
         self._last_pss = -float("inf")
@@ -152,12 +153,15 @@ class TreeMemorySampler:
             pss_values = [pss_bytes(pid) if by_pid[pid] else 0 for pid in pids]
             if pids and all(v is not None for v in pss_values):
                 self.peak_pss = max(self.peak_pss or 0, sum(pss_values))
+        by_role: dict[str, int] = {}
+        for pid, value in by_pid.items():
+            name = role(pid)
+            by_role[name] = by_role.get(name, 0) + value
+        for name, value in by_role.items():
+            self.peak_rss_of_role[name] = max(self.peak_rss_of_role.get(name, 0), value)
         if rss > self.peak_rss:
             self.peak_rss = rss
-            self.peak_rss_by_role = {}
-            for pid, value in by_pid.items():
-                name = role(pid)
-                self.peak_rss_by_role[name] = self.peak_rss_by_role.get(name, 0) + value
+            self.peak_rss_by_role = by_role
         self.peak_processes = max(self.peak_processes, len(pids))
         self.samples += 1
 

@@ -14,6 +14,7 @@ from spark_cnn.cli import (
     bench,
     bench_compare,
     bench_decode,
+    bench_scale,
     classify,
     demo,
     detect,
@@ -32,8 +33,8 @@ from spark_cnn.errors import SparkCnnError
 EXIT_ERROR = 2
 
 # In the order `spark-cnn --help` lists them.
-COMMAND_MODULES = (classify, embed, detect, segment, etl, run, demo, bench, bench_compare, bench_decode, perf,
-                   perf_validate, to_petastorm, submit, doctor)
+COMMAND_MODULES = (classify, embed, detect, segment, etl, run, demo, bench, bench_compare, bench_decode, bench_scale,
+                   perf, perf_validate, to_petastorm, submit, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,12 @@ from spark_cnn.cli.resolution import Option, flags_only, given
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False) -> None:
-    from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_SETTLE_S
+    from spark_cnn.config import (
+        DEFAULT_MAX_BYTES_PER_TRIGGER,
+        DEFAULT_MAX_FILES_PER_TRIGGER,
+        DEFAULT_SETTLE_S,
+        byte_size,
+    )
 
     classify.add_arguments(parser, from_preset=from_preset)
     etl = parser.add_argument_group("incremental")
@@ -20,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False)
     etl.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER, metavar="N",
                      help="images per micro-batch: a killed run redoes at most one batch "
                           f"(default: {DEFAULT_MAX_FILES_PER_TRIGGER})")
+    etl.add_argument("--max-bytes-per-trigger", type=byte_size, default=DEFAULT_MAX_BYTES_PER_TRIGGER, metavar="SIZE",
+                     help="bytes of input per micro-batch, e.g. 2g: large photos end a batch before "
+                          f"--max-files-per-trigger does (default: {DEFAULT_MAX_BYTES_PER_TRIGGER >> 30}g)")
     etl.add_argument("--settle-seconds", type=float, default=DEFAULT_SETTLE_S, metavar="S",
                      help="take a file only once nothing has changed it for S seconds, so a copy in progress "
                           f"waits for the next run; 0: take every file at once (default: {DEFAULT_SETTLE_S:g})")

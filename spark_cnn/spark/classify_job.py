@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from spark_cnn.config import ClassifyConfig
 from spark_cnn.errors import ConfigError
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
+from spark_cnn.spark.output_counts import OutputCounts
 from spark_cnn.spark.planning import check_model, read_labels, start_inference  # noqa: F401 (read_labels: API)
 from spark_cnn.spark.session import application_id
 from spark_cnn.spark.sidecar_stats import JobSidecarStats
@@ -87,6 +87,8 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
             schema = schema.append(pa.field(TRUE_LABEL, pa.string()))
         outputs = sidecar_stats.observed(source.frame.mapInArrow(sidecar_stats.task_function(plan),
                                                                  sidecar_stats.ddl(schema)))
+        counts = OutputCounts(spark, labels)
+        outputs = counts.observed(outputs)
         if columns is not None:
             outputs = outputs.select(*columns)
 
@@ -101,8 +103,7 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
         elapsed = time.perf_counter() - started
         publish(fs, staging, output_uri, overwrite=config.overwrite)
 
-        summary = _summarise(spark, output_uri, labels if options.task == "classify" else None, elapsed, config,
-                             sidecar_stats.sidecars())
+        summary = _summarise(counts.totals(read_back=output_uri), elapsed, config, sidecar_stats.sidecars())
         summary.update(input=input_uri, output=output_uri, model=options.model.source,
                        weights=model.weights_label,
                        app_id=application_id(spark), job_id=job_id)
@@ -120,18 +121,8 @@ def _check_partition_column(column: str | None, source: ImageSource) -> None:
                           "label column with --label-column, or partition by label or label_name")
 
 
-def _summarise(spark: SparkSession, output_uri: str, labels, elapsed: float, config: ClassifyConfig,
-               sidecars: list[dict]) -> dict:
-    rows = spark.read.parquet(output_uri)
-    aggregates = [F.count(F.lit(1)).alias("images"), F.count_if(F.col("error").isNull()).alias("ok")]
-    if TRUE_LABEL in rows.columns and "label" in rows.columns:  # accuracy: classes only (not raw, boxes, masks)
-        ok, truth = F.col("error").isNull(), F.col(TRUE_LABEL)
-        if labels is not None:  # true labels are class names
-            labelled, correct = truth.isin(list(labels)), F.col("label_name") == truth
-        else:  # true labels are class indices
-            labelled, correct = truth.rlike(r"^[0-9]+$"), F.col("label").cast("string") == truth
-        aggregates += [F.count_if(ok & labelled).alias("labelled"), F.count_if(ok & correct).alias("correct")]
-    totals = rows.agg(*aggregates).first().asDict()
+def _summarise(totals: dict, elapsed: float, config: ClassifyConfig, sidecars: list[dict]) -> dict:
+    """The summary from the output's counts (`output_counts`: gathered while it was written)."""
     images, ok_rows = totals["images"], totals["ok"]
     # Accuracy only when every classified image has a true label: its ImageFolder class folder (a name from
     # --labels, or a class index), or the input's --label-column.

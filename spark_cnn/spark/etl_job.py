@@ -2,7 +2,9 @@
 
 Each run lists INPUT (recursively, `etl_listing`), takes the files its checkpoint (`etl_log`) has not taken yet
 and that have settled (unchanged for `--settle-seconds`, whatever their modification time), processes them in
-micro-batches of at most `max_files_per_trigger`, and stops, so cron or Airflow can start it again and again.
+micro-batches of at most `max_files_per_trigger` files and `max_bytes_per_trigger` bytes, and stops, so cron or
+Airflow can start it again and again. A micro-batch's rows are counted as they are written (`output_counts`), not
+read back.
 
 Exactly once, also across a run killed midway: batch N's files are written to the checkpoint before the batch
 runs; the batch goes into its own directory `OUTPUT/batch=N`, written under `OUTPUT/_staging` (hidden from
@@ -29,13 +31,15 @@ from spark_cnn.config import EtlConfig
 from spark_cnn.errors import InputError
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES
 from spark_cnn.spark.classify_job import SUMMARY_FILE
-from spark_cnn.spark.etl_listing import ListedFile, list_input, settled
+from spark_cnn.spark.etl_listing import ListedFile, gone, list_input, micro_batches, settled
 from spark_cnn.spark.etl_log import EtlLog
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, task_error
+from spark_cnn.spark.listing import Entry
+from spark_cnn.spark.output_counts import OutputCounts
 from spark_cnn.spark.planning import check_model, start_inference
 from spark_cnn.spark.session import application_id
 from spark_cnn.spark.sidecar_stats import JobSidecarStats
-from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource
+from spark_cnn.spark.sources import IMAGE_ROW_SCHEMA, ImageSource, listed_frame
 from spark_cnn.spark.storage import HadoopFS, job_filesystem, local_path, to_uri
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
 from spark_cnn.task.schema import layout_of, output_schema, spark_ddl
@@ -83,15 +87,18 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         if pending is not None:  # a killed run's batch: the same files again, replacing its output
             writer.write(*pending)
             log.commit(pending[0])
-        log.compact()
-        ready, waiting = settled(list_input(spark, input_uri, job.inputs.glob, storage), log.taken, log.waiting(),
-                                 int(time.time() * 1000), int(config.settle_s * 1000))
+        listing = list_input(spark, input_uri, job.inputs.glob, storage)
+        now_ms = int(time.time() * 1000)
+        log.forget_gone(gone(log.taken, listing, job.inputs.glob), now_ms)
+        ready, waiting = settled(listing.files, log.taken, log.waiting(), now_ms, int(config.settle_s * 1000))
+        del listing  # a million listed files: the driver keeps only what it takes
         log.set_waiting(waiting)
-        for start in range(0, len(ready), config.max_files_per_trigger):
-            files = ready[start:start + config.max_files_per_trigger]
+        for files in micro_batches(ready, max_files=config.max_files_per_trigger,
+                                   max_bytes=config.max_bytes_per_trigger):
             batch_id = log.plan(files)
             writer.write(batch_id, files)
             log.commit(batch_id)
+        log.compact()  # once this run's batches are committed, so it folds them in too
         elapsed = time.perf_counter() - started
 
         summary = run_summary(writer.batches, elapsed, options.batch_size, stats.sidecars())
@@ -123,26 +130,33 @@ class MicroBatchWriter:
         # Under `_staging`, which readers of OUTPUT skip; the batch's own folder name stays readable for the count.
         staging = f"{self.output_uri}/{STAGING}/{BATCH_COLUMN}={batch_id}"
         self.fs.delete(staging)  # a killed attempt's leftovers
-        self._classify(self._images(files), staging, mode="error")
-        written = self.spark.read.parquet(staging).select("path", F.col("error").isNotNull().alias("failed")).collect()
-        unread = sorted({f.path for f in files} - {row.path for row in written})
-        if unread:  # read by Spark (other filesystems): what its scan skipped still gets its row
+        counts = OutputCounts(self.spark)
+        self._classify(self._images(files), staging, counts)
+        if self.in_tasks and counts.observing:  # the tasks wrote one row per file they were given (place_rows)
+            totals = counts.totals()
+            written, failed, unread = totals["images"], totals["images"] - totals["ok"], []
+        else:  # read by Spark (other filesystems): what its scan skipped still gets its row
+            rows = self.spark.read.parquet(staging).select("path", F.col("error").isNotNull().alias("failed"))
+            rows = rows.collect()
+            written, failed = len(rows), sum(row.failed for row in rows)
+            unread = sorted({f.path for f in files} - {row.path for row in rows})
+        if unread:
             sizes = {f.path: f.size for f in files}
             self._append(self._error_rows([(p, unread_error(sizes[p], self.plan.decode_options.max_file_bytes))
                                            for p in unread]), staging)
-        if len(written) + len(unread) != len(files):
-            raise RuntimeError(f"micro-batch {batch_id} wrote {len(written) + len(unread)} rows for {len(files)} "
+        if written + len(unread) != len(files):
+            raise RuntimeError(f"micro-batch {batch_id} wrote {written + len(unread)} rows for {len(files)} "
                                "files; nothing was committed, so the next run redoes it")
         self.fs.delete(target)  # an earlier attempt at this batch, killed before the checkpoint marked it done
         self.fs.rename(staging, target)
-        self.batches.append({"batch": batch_id, "images": len(files),
-                             "errors": sum(row.failed for row in written) + len(unread),
+        self.batches.append({"batch": batch_id, "images": len(files), "errors": failed + len(unread),
                              "elapsed_s": round(time.perf_counter() - started, 3)})
 
     def _images(self, files: list[ListedFile]) -> DataFrame:
-        """(path, content): no content for local files (the tasks read them); else read by Spark here."""
+        """(path, content[, size]): no content for files the tasks read (packed as classify packs a listing);
+        else read by Spark here."""
         if self.in_tasks:
-            return self.spark.createDataFrame([(f.path, None) for f in files], IMAGE_ROW_SCHEMA)
+            return listed_frame(self.spark, [Entry(f.path, f.size) for f in files])
         limit = self.plan.decode_options.max_file_bytes
         readable = [f.path for f in files if 0 < f.size <= limit]
         if not readable:
@@ -150,10 +164,10 @@ class MicroBatchWriter:
         return (self.spark.read.format("binaryFile").option(NO_GLOB, "false").option("ignoreMissingFiles", "true")
                 .option("ignoreCorruptFiles", "true").load(readable).select("path", "content"))
 
-    def _classify(self, images: DataFrame, uri: str, *, mode: str) -> None:
+    def _classify(self, images: DataFrame, uri: str, counts: OutputCounts) -> None:
         stats = self.stats
         outputs = stats.observed(images.mapInArrow(stats.task_function(self.plan), stats.ddl(self.schema)))
-        self._save(outputs, uri, mode)
+        self._save(counts.observed(outputs), uri, "error")
 
     def _append(self, rows: DataFrame, uri: str) -> None:
         self._save(rows, uri, "append")

@@ -5,11 +5,16 @@ Layout under CHECKPOINT (any Hadoop URI):
   batches/N.compact  every file of batches 0..N (all committed), which replaces their own files
   done/N             written once OUTPUT/batch=N is in place
   waiting.json       files seen but not settled yet, with when they were first seen unchanged
+  absent.json        taken files missing from the latest listings, with when they were first missed
 
 A batch file without its `end` line was cut short by a kill before its batch could start: it is dropped and
 its files are planned again. A planned batch without `done/N` is replayed with the same files. The set of
-taken files (all batches) is held in memory: its size grows with every file ever taken, as Spark's own file
-source log does (Spark restores all of its entries into memory at every start).
+taken files (all batches) is held in memory. It stays the size of what INPUT holds, not of every file ever
+taken: a taken file that no listing has found for FORGET_AFTER_MS is forgotten (Spark's file source forgets
+files older than its `maxFileAge` window the same way, but by modification time). The batch files are folded
+into one compact file once they are many or hold more entries than it does, and it is rewritten once half of
+its entries are forgotten, so what a run reads at its start stays within about twice what INPUT holds, however
+many runs came before.
 
 A checkpoint left by the Structured Streaming ETL of earlier versions (`offsets/`, `commits/`, `sources/0/`) is
 read once: its committed files become a compacted batch, its logged but uncommitted files the batch to replay.
@@ -24,9 +29,16 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.spark.etl_listing import ListedFile, Waiting
 from spark_cnn.spark.storage import HadoopFS
 
-BATCHES, DONE, WAITING = "batches", "done", "waiting.json"
+BATCHES, DONE, WAITING, ABSENT = "batches", "done", "waiting.json", "absent.json"
 VERSION = "v1"
 COMPACT_EVERY = 100  # committed batch files beyond this many are folded into one `.compact` file
+# ... or, whatever their number, once they hold more entries than the compact file and at least this many: the
+# compact rewrite costs what reading them costs, so each entry is rewritten a bounded number of times.
+COMPACT_MIN_ENTRIES = 10_000
+# A taken file missing from every listing this long is forgotten: Spark's maxFileAge default. A folder that
+# could not be reached for less than a week (a mount that was down, a listing cut short) forgets nothing, so
+# its files are never taken twice.
+FORGET_AFTER_MS = 7 * 24 * 3600 * 1000
 LEGACY_SOURCE_LOG, LEGACY_OFFSETS, LEGACY_COMMITS = "sources/0", "offsets", "commits"
 
 
@@ -40,6 +52,10 @@ class EtlLog:
         self.taken: set[str] = set()
         self.last_batch = -1  # the highest batch planned
         self._compacted = -1  # batches up to here live in one .compact file
+        self._compact_entries = 0  # entries in that file
+        self._batch_entries = 0  # entries in the batch files after it
+        self._forgotten = 0  # files forgotten since that file was written
+        self.absent: dict[str, int] = self._read_json(ABSENT)
         self._load()
 
     # ---- reading --------------------------------------------------------------------------------------------
@@ -52,6 +68,7 @@ class EtlLog:
             if paths is not None:
                 self.taken.update(entry["path"] for entry in paths)
                 self._compacted = self.last_batch = k
+                self._compact_entries = len(paths)
                 break
         for n in sorted(int(n) for n in names if n.isdigit()):
             entries = self._read_planned(n)
@@ -60,6 +77,8 @@ class EtlLog:
                 continue
             self.taken.update(entry["path"] for entry in entries)
             self.last_batch = max(self.last_batch, n)
+            if n > self._compacted:
+                self._batch_entries += len(entries)
 
     def _read_planned(self, n: int) -> list[dict] | None:
         """Batch n's entries; None when a kill cut its file short (only possible before its batch was done)."""
@@ -95,13 +114,22 @@ class EtlLog:
         return n, [ListedFile(e["path"], e.get("size", 0), e.get("mtime_ms", 0)) for e in entries]
 
     def waiting(self) -> dict[str, Waiting]:
-        uri = f"{self.root}/{WAITING}"
+        try:
+            return {path: Waiting(*values) for path, values in self._read_json(WAITING).items()}
+        except TypeError:  # not this version's layout: those files wait one settle time more
+            return {}
+
+    def _read_json(self, name: str) -> dict:
+        """A small JSON file of the checkpoint; {} when missing or cut short by a kill (its files then wait, or
+        are missed, from this run on)."""
+        uri = f"{self.root}/{name}"
         if not self.fs.exists(uri):
             return {}
         try:
-            return {path: Waiting(*values) for path, values in json.loads(self.fs.read_text(uri)).items()}
-        except (ValueError, TypeError):  # cut short by a kill: those files wait one settle time more
+            value = json.loads(self.fs.read_text(uri))
+        except ValueError:
             return {}
+        return value if isinstance(value, dict) else {}
 
     # ---- writing --------------------------------------------------------------------------------------------
 
@@ -111,8 +139,28 @@ class EtlLog:
         self._write_entries(f"{BATCHES}/{n}", [{"path": f.path, "size": f.size, "mtime_ms": f.mtime_ms}
                                                for f in files])
         self.last_batch = n
+        self._batch_entries += len(files)
         self.taken.update(f.path for f in files)
         return n
+
+    def forget_gone(self, missing: set[str], now_ms: int, *, forget_after_ms: int = FORGET_AFTER_MS) -> int:
+        """`missing`: the taken files this run's listing did not find (`etl_listing.gone`). Each is recorded with
+        when it was first missed; one missed by every listing for `forget_after_ms` leaves the taken set (and the
+        next compact file). A file found again is no longer absent. Returns how many were forgotten."""
+        absent = {path: int(self.absent.get(path, now_ms)) for path in missing}
+        expired = {path for path, since in absent.items() if now_ms - since >= forget_after_ms}
+        for path in expired:
+            del absent[path]
+        self.taken -= expired
+        self._forgotten += len(expired)
+        if absent != self.absent:
+            uri = f"{self.root}/{ABSENT}"
+            if absent:
+                self.fs.write_text(uri, json.dumps(absent, separators=(",", ":")))
+            else:
+                self.fs.delete(uri)
+            self.absent = absent
+        return len(expired)
 
     def commit(self, n: int) -> None:
         self.fs.write_text(f"{self.root}/{DONE}/{n}", "")
@@ -124,12 +172,21 @@ class EtlLog:
         else:
             self.fs.delete(uri)
 
+    def needs_compaction(self, batch_files: int) -> bool:
+        """More than COMPACT_EVERY batch files; or batch files holding more entries than the compact file (and
+        at least COMPACT_MIN_ENTRIES); or half of the compact file's entries forgotten."""
+        return (batch_files > COMPACT_EVERY
+                or self._batch_entries >= max(COMPACT_MIN_ENTRIES, self._compact_entries)
+                or (self._forgotten > 0 and 2 * self._forgotten >= self._compact_entries))
+
     def compact(self) -> None:
-        """Fold the batches' files into one file once there are more than COMPACT_EVERY of them, all committed."""
+        """Fold the committed batches' files, less the forgotten ones, into one file when `needs_compaction`."""
         names = self.fs.list_names(f"{self.root}/{BATCHES}")
-        if sum(name.isdigit() for name in names) <= COMPACT_EVERY or self.pending_batch() is not None:
+        if not self.needs_compaction(sum(name.isdigit() for name in names)) or self.pending_batch() is not None:
             return
         k = self.last_batch
+        if k < 0:
+            return
         self._write_entries(f"{BATCHES}/{k}.compact", [{"path": p} for p in sorted(self.taken)])
         for name in names:  # only now that the compact file is whole
             number = name.split(".")[0]
@@ -137,6 +194,7 @@ class EtlLog:
                 self.fs.delete(f"{self.root}/{BATCHES}/{name}")
                 self.fs.delete(f"{self.root}/{DONE}/{number}")
         self._compacted = k
+        self._compact_entries, self._batch_entries, self._forgotten = len(self.taken), 0, 0
 
     def _write_entries(self, name: str, entries: list[dict]) -> None:
         lines = [VERSION, *(json.dumps(e, separators=(",", ":")) for e in entries), f"end {len(entries)}"]

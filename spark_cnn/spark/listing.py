@@ -13,6 +13,8 @@ skipped too (reading one could block a task). Object stores and HDFS (`list_obje
 from __future__ import annotations
 
 import fnmatch
+import heapq
+import math
 import os
 import posixpath
 import re
@@ -25,8 +27,19 @@ from spark_cnn.task.object_store import StorageOptions, filesystem, join_uri, sp
 
 _scandir = os.scandir  # module attribute, so a test can make one folder fail as an unreadable one does
 
+# Files the tasks read themselves (no content in the row) need not be packed by bytes: a task streams them one
+# request at a time, so only the output decides how many files a partition should hold. Each task writes one
+# output file, ~20 bytes of Parquet per classify row (`bench-scale --files 1000000`, docs/benchmarks.md): 20,000
+# files per task make a million images 50 files of 0.4 MB instead of 1,954 of 10 KB, and a retried task redoes
+# ~15 s of one core here at the near-free model's rate; fewer files per task only add tiny files and task costs.
+MIN_FILES_PER_TASK = 20_000
+# ... but never fewer partitions than this many per core (Spark's default parallelism, or
+# spark.sql.files.minPartitionNum when set), Spark's tuning guide's 2-3 tasks per core: a slow task then leaves
+# the other cores work.
+TASKS_PER_CORE = 3
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)  # slots: a million entries of a listing cost ~100 MB less on the driver
 class Entry:
     """A file to read (`error` None; `size` in bytes, 0 when it cannot be stat'ed; `mtime_ms` its modification
     time, the link's own for a dangling link) or a folder that could not be listed (`error` says why)."""
@@ -59,13 +72,14 @@ def _reason(error: OSError) -> str:
     return f"{type(error).__name__}: {error.strerror or error}"
 
 
-def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
+def walk_files(root: str, *, glob: str | None = None, prefix: str = "") -> Iterator[Entry]:
     """Every visible file under `root` (a folder, or one file) whose name matches `glob`, depth first in name
-    order, and every folder below `root` that cannot be listed. `root` itself unlistable: InputError."""
+    order, and every folder below `root` that cannot be listed, their paths spelled `prefix` + path (`file:`
+    as Spark spells them: a million files are not spelled twice). `root` itself unlistable: InputError."""
     root = posixpath.normpath(root)
     if not os.path.isdir(root):
         if matches_glob(os.path.basename(root), glob):
-            yield _file_entry(root)
+            yield _file_entry(root, prefix)
         return
     seen: set[tuple[int, int]] = set()
     pending = [root]
@@ -81,7 +95,7 @@ def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
         except OSError as e:
             if folder == root:
                 raise InputError(f"input {root} cannot be listed ({_reason(e)}): check its permissions") from e
-            yield Entry(folder, error=f"cannot list folder: {_reason(e)}")
+            yield Entry(prefix + folder, error=f"cannot list folder: {_reason(e)}")
             continue
         subfolders = []
         for entry in entries:
@@ -90,7 +104,7 @@ def walk_files(root: str, *, glob: str | None = None) -> Iterator[Entry]:
             if _is_folder(entry):
                 subfolders.append(entry.path)
             elif matches_glob(entry.name, glob):
-                file = _file_entry(entry.path)
+                file = _file_entry(entry.path, prefix)
                 if file is not None:
                     yield file
         pending.extend(reversed(subfolders))
@@ -103,23 +117,58 @@ def _is_folder(entry: os.DirEntry) -> bool:
         return False
 
 
-def _file_entry(path: str) -> Entry | None:
+def _file_entry(path: str, prefix: str = "") -> Entry | None:
     try:
         info = os.stat(path)
     except OSError:  # a dangling link, a loop of links: listed, so its read fails and it gets its error row
         try:
-            return Entry(path, mtime_ms=os.lstat(path).st_mtime_ns // 1_000_000)
+            return Entry(prefix + path, mtime_ms=os.lstat(path).st_mtime_ns // 1_000_000)
         except OSError:
-            return Entry(path)
+            return Entry(prefix + path)
     if not stat.S_ISREG(info.st_mode):
         return None
-    return Entry(path, info.st_size, mtime_ms=info.st_mtime_ns // 1_000_000)
+    return Entry(prefix + path, info.st_size, mtime_ms=info.st_mtime_ns // 1_000_000)
 
 
 def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,
-                    min_partitions: int) -> list[list[Entry]]:
+                    min_partitions: int, min_files: int | None = None) -> list[list[Entry]]:
     """Group files into partitions as Spark's file scan does (FilePartition.getFilePartitions): largest first,
-    each partition filled up to a split size, every file counting its size plus `open_cost_bytes`."""
+    each partition filled up to a split size, every file counting its size plus `open_cost_bytes`.
+
+    `min_files` (files the tasks read themselves): where that gives partitions of fewer files on average (many
+    small files: Spark's 4 MB open cost makes 32 files per partition, 31,250 tasks and output files for a million
+    images), the files are spread instead over `merged_partition_count` partitions, largest first onto the
+    lightest, so the partitions stay even in bytes."""
+    partitions = _spark_packing(entries, max_partition_bytes=max_partition_bytes, open_cost_bytes=open_cost_bytes,
+                                min_partitions=min_partitions)
+    if min_files is None or len(partitions) <= 1 or len(entries) >= min_files * len(partitions):
+        return partitions
+    count = merged_partition_count(len(entries), min_partitions=min_partitions, min_files=min_files)
+    if count >= len(partitions):
+        return partitions
+    bins: list[tuple[int, int]] = [(0, i) for i in range(count)]  # (bytes so far, partition), a heap
+    merged: list[list[Entry]] = [[] for _ in range(count)]
+    for entry in sorted(entries, key=lambda e: e.size, reverse=True):
+        load, i = heapq.heappop(bins)
+        merged[i].append(entry)
+        heapq.heappush(bins, (load + entry.size + open_cost_bytes, i))
+    return merged
+
+
+def merged_partition_count(files: int, *, min_partitions: int, min_files: int) -> int:
+    """Partitions for `files` small files: enough for `min_files` each, but at least TASKS_PER_CORE per core
+    (`min_partitions`, Spark's default parallelism) while there are files for them.
+
+    >>> merged_partition_count(1_000_000, min_partitions=2, min_files=20_000)
+    50
+    >>> merged_partition_count(20_000, min_partitions=2, min_files=20_000)
+    6
+    """
+    return max(1, min(files, max(min_partitions * TASKS_PER_CORE, math.ceil(files / min_files))))
+
+
+def _spark_packing(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,
+                   min_partitions: int) -> list[list[Entry]]:
     total = sum(e.size + open_cost_bytes for e in entries)
     split = min(max_partition_bytes, max(open_cost_bytes, total // max(1, min_partitions)))
     partitions: list[list[Entry]] = []

@@ -17,20 +17,28 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow.parquet as pq
+import pyspark
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from spark_cnn.config import InputOptions
+from spark_cnn.config import InputOptions, byte_size
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES, SPARK_IMAGE
-from spark_cnn.spark.listing import Entry, is_hidden, list_objects, matches_glob, pack_partitions, walk_files
+from spark_cnn.spark.listing import (
+    MIN_FILES_PER_TASK,
+    Entry,
+    is_hidden,
+    list_objects,
+    matches_glob,
+    pack_partitions,
+    walk_files,
+)
 from spark_cnn.spark.session import is_connect
 from spark_cnn.spark.storage import ArrowFS, hadoop_files, local_path
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, for_tasks, is_store_uri, serves
@@ -245,28 +253,42 @@ def spark_path(local: str) -> str:
 def local_files(spark: SparkSession, folder: str, *, glob: str | None = None) -> DataFrame:
     """(path, null content, size) for every entry `listing.walk_files` finds under the local `folder` (a folder it
     could not list is one row, whose read fails in the task with the reason); see `listed_frame`."""
-    entries = [Entry(spark_path(e.path), e.size, e.error, e.mtime_ms) for e in walk_files(folder, glob=glob)]
-    return listed_frame(spark, entries)
+    return listed_frame(spark, list(walk_files(folder, glob=glob, prefix=spark_path(""))))
 
 
 def listed_frame(spark: SparkSession, entries: list[Entry]) -> DataFrame:
     """(path, null content, size) for listed `entries` (paths as the rows should spell them), one Spark partition
-    per group `listing.pack_partitions` makes, as Spark's file scan packs files; rows in packed order.
+    per group `listing.pack_partitions` makes, as Spark's file scan packs files, but at least MIN_FILES_PER_TASK
+    files per partition where there are enough cores' worth (the tasks read the files, and each task writes one
+    output file); rows in packed order.
 
     No `sparkContext` (Spark Connect has none) and no Python worker: a small table of the groups (one row each,
     their paths and sizes as arrays) is broadcast onto `range(n)` in n partitions, so partition i holds group
     i alone, and exploded there."""
-    partitions = pack_partitions(entries, **file_packing(spark))
+    partitions = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
     if not partitions:
         return spark.createDataFrame([], LISTED_ROW_SCHEMA)
-    groups = spark.createDataFrame([(i, [e.path for e in group], [e.size for e in group])
-                                    for i, group in enumerate(partitions)],
-                                   "part bigint, paths array<string>, sizes array<bigint>")
+    groups = _groups_frame(spark, partitions)
     slots = spark.range(0, len(partitions), 1, numPartitions=len(partitions))
     files = (slots.join(F.broadcast(groups), slots["id"] == groups["part"])
              .select(F.explode(F.arrays_zip("paths", "sizes")).alias("file")))
     return files.select(F.col("file.paths").alias("path"), F.lit(None).cast("binary").alias("content"),
                         F.col("file.sizes").alias("size"))
+
+
+def _groups_frame(spark: SparkSession, partitions: list[list[Entry]]) -> DataFrame:
+    """(part, paths, sizes), one row per group. From an Arrow table where pyspark takes one (4.0 and later): a
+    million paths as Python rows cost ~20 s of type checks and pickling on the driver (bench-scale --plan-only)."""
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        import pyarrow as pa
+
+        return spark.createDataFrame(pa.table({
+            "part": pa.array(range(len(partitions)), pa.int64()),
+            "paths": pa.array([[e.path for e in group] for group in partitions], pa.list_(pa.string())),
+            "sizes": pa.array([[e.size for e in group] for group in partitions], pa.list_(pa.int64()))}))
+    return spark.createDataFrame([(i, [e.path for e in group], [e.size for e in group])
+                                  for i, group in enumerate(partitions)],
+                                 "part bigint, paths array<string>, sizes array<bigint>")
 
 
 def file_packing(spark: SparkSession) -> dict:
@@ -275,22 +297,6 @@ def file_packing(spark: SparkSession) -> dict:
     return {"max_partition_bytes": byte_size(spark.conf.get("spark.sql.files.maxPartitionBytes")),
             "open_cost_bytes": byte_size(spark.conf.get("spark.sql.files.openCostInBytes")),
             "min_partitions": int(minimum) if minimum else default_parallelism(spark)}
-
-
-_BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
-               "t": 1 << 40, "tb": 1 << 40, "p": 1 << 50, "pb": 1 << 50}
-
-
-def byte_size(text: str) -> int:
-    """A Spark size setting in bytes: `134217728`, `134217728b`, `128m`, `128MB`, `4k`.
-
-    >>> byte_size("128MB"), byte_size("4194304b"), byte_size("1g")
-    (134217728, 4194304, 1073741824)
-    """
-    match = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
-    if match is None or match.group(2).lower() not in _BYTE_UNITS:
-        raise ConfigError(f"{text!r} is not a size in bytes (e.g. 128m)")
-    return int(match.group(1)) * _BYTE_UNITS[match.group(2).lower()]
 
 
 def default_parallelism(spark: SparkSession) -> int:

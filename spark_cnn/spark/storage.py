@@ -90,9 +90,8 @@ class HadoopFS:
     def read_text(self, uri: str) -> str:
         fs, path = self._fs_path(uri)
         stream = fs.open(path)
-        try:
-            reader = self._jvm.java.io.BufferedReader(self._jvm.java.io.InputStreamReader(stream, "UTF-8"))
-            return "\n".join(iter(reader.readLine, None))
+        try:  # one Py4J call for the whole file, not one per line (an ETL checkpoint has a line per file)
+            return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode("utf-8")
         finally:
             stream.close()
 

@@ -33,8 +33,9 @@ pytestmark = pytest.mark.e2e
 
 IMAGES = 603  # 60 digits per class and three broken files: ~19 tasks with SMALL_PARTITIONS
 # Spark's split size for these jobs: partitions of ~32 images, so that a job still has tasks to run after its
-# first commit (at the default split, 603 tiny files make two tasks that finish together).
-SMALL_PARTITIONS = "spark.sql.files.maxPartitionBytes 8m\n"
+# first commit (at the default split, 603 tiny files make two tasks that finish together; and at least 20
+# partitions, which the listing's merging of small files keeps).
+SMALL_PARTITIONS = "spark.sql.files.maxPartitionBytes 8m\nspark.sql.files.minPartitionNum 20\n"
 # The executor's sidecar polls its JVM every 0.5 s; on a loaded host it must still notice within this.
 SIDECAR_EXIT_BOUND_S = 10.0
 HANG_TIMEOUT_S = 5  # --request-timeout of the hang test

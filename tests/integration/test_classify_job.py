@@ -109,13 +109,17 @@ def test_demo_digits_model_matches_torch_and_reaches_accuracy(spark, demo_assets
 def test_fixed_batch_size_and_summary_file(spark, demo_assets, tmp_path):
     folder = write_files(str(tmp_path / "in"), {k: v for k, v in real_image_files().items() if "digits" in k})
     summary_path = str(tmp_path / "summary.json")
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
     summary = classify(ClassifyConfig(folder, str(tmp_path / "out"), InferenceOptions(
         ModelSpec(DIGITS_FACTORY, demo_assets.weights), labels=demo_assets.labels, batch_size=2),
         summary=summary_path), spark=spark)
+    # two Spark jobs: the listing's groups (broadcast to the scan) and the write; the summary's counts were
+    # gathered while writing, so no job reads the output back
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before + 2
     with open(summary_path) as f:
         written = json.load(f)
     assert written == summary
-    assert summary["images"] == 3 and summary["batch_size"] == 2
+    assert summary["images"] == 3 and summary["ok"] == 3 and summary["batch_size"] == 2
     assert all(s["mean_batch_size"] <= 2 for s in summary["sidecars"])
 
 

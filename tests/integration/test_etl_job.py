@@ -229,7 +229,7 @@ def test_compacted_checkpoint_still_takes_each_file_once(spark, demo_assets, tmp
     inputs = _copy_digits(demo_assets, source, ["0"], 0, 4)
     assert len(_etl(spark, demo_assets, source, output, checkpoint, max_files_per_trigger=1)["micro_batches"]) == 4
     inputs += _copy_digits(demo_assets, source, ["1"], 0, 1)
-    second = _etl(spark, demo_assets, source, output, checkpoint)  # folds batches 0-3 first
+    second = _etl(spark, demo_assets, source, output, checkpoint)  # the first run folded batches 0-3 at its end
     assert [b["batch"] for b in second["micro_batches"]] == [4]
     assert sorted(n for n in os.listdir(os.path.join(checkpoint, "batches")) if not n.startswith(".")) == [
         "3.compact", "4"]

@@ -37,14 +37,20 @@ def digits(demo_assets, tmp_path_factory) -> str:
 @pytest.fixture
 def many_partitions(spark):
     """~30 digits per partition (20 tasks) instead of Spark's packing of small files into two: the kill must
-    land with some tasks committed and others still to run."""
-    key = "spark.sql.files.maxPartitionBytes"
-    previous = spark.conf.get(key)
-    spark.conf.set(key, str(8 * 1024 * 1024))
+    land with some tasks committed and others still to run. (At least 20 partitions asked for: the listing
+    otherwise merges small files into three partitions per core.)"""
+    settings = {"spark.sql.files.maxPartitionBytes": str(8 * 1024 * 1024), "spark.sql.files.minPartitionNum": "20"}
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         yield
     finally:
-        spark.conf.set(key, previous)
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def test_sigkill_of_the_sidecar_mid_job_gives_the_clean_runs_output(spark, demo_assets, digits, tmp_path,

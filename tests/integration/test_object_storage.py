@@ -107,11 +107,11 @@ def test_the_etl_takes_each_object_once(spark, demo_assets, images, s3_endpoint,
 def test_a_listing_becomes_one_partition_per_packed_group_in_order(spark):
     from pyspark.sql import functions as F
 
-    from spark_cnn.spark.listing import Entry, pack_partitions
+    from spark_cnn.spark.listing import MIN_FILES_PER_TASK, Entry, pack_partitions
     from spark_cnn.spark.sources import file_packing, listed_frame
 
     entries = [Entry(f"s3://{BUCKET}/many/{i:05d}.jpg", 1_000 + (i * 7919) % 300_000) for i in range(3_000)]
-    groups = pack_partitions(entries, **file_packing(spark))
+    groups = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
     assert len(groups) > 2
     frame = listed_frame(spark, entries)
     rows = frame.select("path", "size", F.spark_partition_id().alias("part")).collect()

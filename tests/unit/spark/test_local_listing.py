@@ -92,3 +92,24 @@ def test_partitions_are_packed_as_sparks_file_scan_packs_them():
     groups = pack_partitions(files, max_partition_bytes=100, open_cost_bytes=2, min_partitions=1)
     assert [[e.size for e in group] for group in groups] == [[9, 7, 3, 1, 0]]
     assert pack_partitions([], max_partition_bytes=10, open_cost_bytes=2, min_partitions=2) == []
+
+
+def test_many_small_files_are_spread_over_few_even_partitions_of_at_least_min_files():
+    files = [Entry(f"/f{i}", 200 + i % 7) for i in range(10_000)]
+    spark_like = pack_partitions(files, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2)
+    assert len(spark_like) == 20  # 500 files each: one output file per 500 rows
+    groups = pack_partitions(files, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
+                             min_files=1_000)
+    assert len(groups) == 10  # 1,000 files each, more than TASKS_PER_CORE x 2 cores
+    assert sorted(e.path for g in groups for e in g) == sorted(e.path for e in files)  # each file once
+    sizes = [sum(e.size for e in g) for g in groups]
+    assert max(sizes) - min(sizes) <= 206  # even in bytes: at most one file's difference
+    # fewer files: never fewer than three partitions per core (Spark's packing made 8 of 500 files here)
+    few = files[:4_000]
+    assert len(pack_partitions(few, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
+                               min_files=1_000)) == 3 * 2
+    # large files already make partitions of many bytes: Spark's packing stands
+    big = [Entry(f"/b{i}", 50 << 20) for i in range(10)]
+    assert pack_partitions(big, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
+                           min_files=1_000) == pack_partitions(big, max_partition_bytes=128 << 20,
+                                                               open_cost_bytes=256 << 10, min_partitions=2)
