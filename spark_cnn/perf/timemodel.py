@@ -49,7 +49,7 @@ from spark_cnn.perf.heap import PAGE_BYTES, faulted_bytes
 from spark_cnn.perf.layers import LayerCost, ModelCost
 from spark_cnn.task.sidecar_env import GLIBC, RETAINED
 
-__all__ = ["BOUNDS", "PRECISIONS", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
+__all__ = ["BOUNDS", "PRECISIONS", "layer_kind", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
            "predict_peak_memory_bytes", "predict_throughput", "predict_transfer_ms"]
 
 BOUNDS = ("compute", "memory", "overhead")
@@ -123,6 +123,18 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
         us, bound = model.layer_us(layer, batch, scale, fault_us)
         rows.append((layer, us / 1e3, bound))
     return rows
+
+
+def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
+    """What prices `layer` at `batch`: a convolution's class ("conv:conv", "conv:pointwise",
+    "conv:pointwise_gemm", "conv:depthwise", "conv:grouped"; "conv:squeeze" for a 1x1 convolution on one
+    pixel, squeeze-excitation's), else its op ("relu", "hardswish", "layer_norm", "contiguous", ...)."""
+    if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
+        shape = _conv_shape(layer, batch, profile)
+        if shape.kernel == (1, 1) and shape.out_hw == (1, 1):
+            return "conv:squeeze"
+        return f"conv:{shape.klass}"
+    return layer.op
 
 
 def predict_batch_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32",
