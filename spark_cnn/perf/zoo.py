@@ -64,15 +64,15 @@ def catalogue() -> dict[str, float | None]:
 
     flops: dict[str, float | None] = {}
     for name in list_models(module=torchvision.models):
-        meta = get_model_weights(name).DEFAULT.meta
-        crop = _crop_of(get_model_weights(name).DEFAULT)
-        ops = meta.get("_ops")
+        weights = get_model_weights(name).DEFAULT
+        ops = weights.meta.get("_ops")
+        crop = _crop_of(weights)
         flops[name] = None if ops is None else 2 * ops * (ZOO_INPUT_SHAPE[1] / crop) ** 2
     return flops
 
 
 def _crop_of(weights: Any) -> int:
-    crop = getattr(weights.transforms(), "crop_size", [ZOO_INPUT_SHAPE[1]])
+    crop = getattr(weights.transforms, "keywords", {}).get("crop_size", ZOO_INPUT_SHAPE[1])
     return int(crop[0] if isinstance(crop, (list, tuple)) else crop)
 
 
@@ -363,6 +363,10 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
     from spark_cnn.perf.validate import compare
 
     cost_of = cost_of or _cost_of(tuple(state["settings"]["input_shape"]))
+    batch = state["settings"]["attribute_at"]
+
+    def kind_of(layer: Any) -> str:
+        return layer_kind(layer, batch, profile)
     results = []
     for name, entry in state["models"].items():
         if name in state["failed"] or not entry["runs"]:
@@ -375,11 +379,10 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
         result.update(gflops=entry.get("gflops"), load=[min(loads), max(loads)] if loads else None)
         layers = entry.get("layers")
         if layers and "ms" in layers:
-            batch = state["settings"]["attribute_at"]
             rows = [(layer, ms) for layer, ms, _ in predict_layers_ms(cost, profile, batch,
                                                                        allocator=layers["allocator"])]
             result["attribution"] = {"batch_size": batch,
-                                     **attribute(rows, layers["ms"], lambda layer: layer_kind(layer, batch, profile))}
+                                     **attribute(rows, layers["ms"], kind_of)}
         elif layers:
             result["attribution_error"] = layers.get("error")
         results.append(result)
