@@ -56,7 +56,7 @@ def test_validate_measures_models_against_the_time_model(spark_cnn, tmp_path):
     # the zoo under a budget that holds its two smallest networks, each point and the layers in a fresh process
     sweep, table = tmp_path / "zoo.json", tmp_path / "zoo.md"
     zoo = spark_cnn("validate", "--zoo", "--max-gflops", "0.13", "--batch-sizes", "1,2", "--sweeps", "1",
-                    "--repeats", "2", "--attribute-at", "2", "--clock", "cpu", "--cache-dir", str(cache),
+                    "--repeats", "2", "--attribute-at", "2", "--cache-dir", str(cache),
                     "--json", str(sweep), "--markdown", str(table))
     assert zoo.returncode == 0, zoo.stderr[-3000:]
     stored = json.loads(sweep.read_text())
