@@ -87,6 +87,8 @@ _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu
            "normalise": "normalise", "heads": "heads"}
 _KEYED_ON_INPUT = {"adaptive_avg_pool2d", "mean", "sum", "adaptive_max_pool2d"}
 _MODULE_CALLS = {"dropout", "identity", "stochastic_depth", "flatten"}
+# Shape fields of a layer whose costliest operator is a matrix product (linear, matmul, attention).
+_GEMM_SHAPED = {"in_features", "embed_dim", "k"}
 
 
 def _check(profile: DeviceProfile, batch: int, precision: str) -> None:
@@ -330,6 +332,9 @@ class _Model:
             return self._pool_us(layer, batch, scale) + fault_us, "memory"
         if layer.op == "modules":
             return layer.shape["calls"] * self.profile.call_us.get("container", 0.0), "overhead"
+        if layer.macs and self.gemm is not None and _GEMM_SHAPED & set(layer.shape):
+            # attention, and other layers made of matmuls and more
+            return self._composite_us(layer, batch, scale) + fault_us, "compute"
         if layer.flops == 0 and layer.input_bytes == 0 and layer.output_bytes == 0:
             kind = "module" if layer.op in _MODULE_CALLS else "function"
             return self.profile.call_us.get(kind, 1.0), "overhead"
@@ -365,19 +370,39 @@ class _Model:
         flops = 2 * rows * in_features * out_features
         return max(flops / NOMINAL_FLOPS_PER_US, in_features * out_features * FP32 / NOMINAL_BYTES_PER_US)
 
+    def _gemm_us(self, rows: int, k: int, n: int) -> float:
+        base = self._gemm_base_us(rows, k, n)
+        if self.gemm is None:
+            return base
+        return base * math.exp(self._idw(self.gemm, self._gemm_features(rows, k, n), GEMM_FEATURE_WEIGHTS))
+
     def _linear_us(self, layer: LayerCost, batch: int) -> tuple[float, str]:
         s = layer.shape
         if layer.op == "linear":
             rows, k, n = s.get("rows", 1) * batch, s.get("in_features", 1), s.get("out_features", 1)
         else:
             rows, k, n = s.get("m", 1) * s.get("batch", 1) * batch, s.get("k", 1), s.get("n", 1)
-        base = self._gemm_base_us(rows, k, n)
-        if self.gemm is None:
-            us = base
-        else:
-            us = base * math.exp(self._idw(self.gemm, self._gemm_features(rows, k, n), GEMM_FEATURE_WEIGHTS))
         compute = 2 * rows * k * n / NOMINAL_FLOPS_PER_US
-        return us, "compute" if compute >= k * n * FP32 / NOMINAL_BYTES_PER_US else "memory"
+        return self._gemm_us(rows, k, n), "compute" if compute >= k * n * FP32 / NOMINAL_BYTES_PER_US else "memory"
+
+    def _composite_us(self, layer: LayerCost, batch: int, scale: float) -> float:
+        """A layer of several operators with matrix work (torchvision's shifted-window attention, a
+        MultiheadAttention): all its multiply-adds at the calibrated GEMM rate of its costliest operator's
+        shape (the attention's projection), plus one streaming pass over its output per other operator.
+        Read from the output curve alone, swin_t's attention was predicted at a quarter of its measured time
+        and vit_b_32's at nothing (docs/perf-model.md, "The zoo")."""
+        s = layer.shape
+        if "in_features" in s:
+            rows, k, n = s.get("rows", 1), s["in_features"], s.get("out_features", 1)
+        elif "embed_dim" in s:
+            rows, k, n = s.get("length", 1), s["embed_dim"], s["embed_dim"]
+        else:
+            rows, k, n = s.get("m", 1) * s.get("batch", 1), s.get("k", 1), s.get("n", 1)
+        rows *= batch
+        per_mac = self._gemm_us(rows, k, n) / (rows * k * n)
+        ops = s.get("ops", {})
+        passes = max(sum(count for kind, count in ops.items() if kind not in ("linear", "matmul")), 1)
+        return per_mac * layer.macs * batch + passes * self.curve_us("relu_out", layer.output_bytes * batch * scale)
 
     def _pool_us(self, layer: LayerCost, batch: int, scale: float) -> float:
         s = layer.shape

@@ -178,3 +178,18 @@ def test_judge_predicts_stored_measurements_and_writes_the_tables():
     assert "| block | 0.01 |" in table and "conv:depthwise -50%" in table
     assert "Not measured: huge (batch 1: MemoryError: x)" in table
     assert "median MAPE at batch >= 8 <= 5%" in table
+
+
+def test_attention_is_priced_by_its_multiply_adds_at_the_gemm_rate():
+    from spark_cnn.perf.timemodel import _Model
+    from tests.unit.perf.test_perf_timemodel import CALL_US, GFLOPS, US_PER_BYTE
+
+    length, embed, batch = 64, 256, 8
+    macs = 4 * length * embed * embed + 2 * length * length * embed  # q, k, v, out projections; scores, values
+    out_bytes = length * embed * 4
+    layer = LayerCost("attn", "multihead_attention", flops=2 * macs, input_bytes=out_bytes, output_bytes=out_bytes,
+                      weight_bytes=4 * embed * embed * 4,
+                      shape={"embed_dim": embed, "length": length, "heads": 4, "macs": macs})
+    us, bound = _Model.of(synthetic_profile()).layer_us(layer, batch, 1.0, 0.0)
+    by_hand = 2 * macs * batch / (GFLOPS * 1e3) + CALL_US + out_bytes * batch * US_PER_BYTE  # + one output pass
+    assert bound == "compute" and us == pytest.approx(by_hand, rel=0.05)  # the GEMM table's neighbours differ a bit
