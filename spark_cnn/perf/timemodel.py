@@ -388,7 +388,8 @@ class _Model:
     def _composite_us(self, layer: LayerCost, batch: int, scale: float) -> float:
         """A layer of several operators with matrix work (torchvision's shifted-window attention, a
         MultiheadAttention): all its multiply-adds at the calibrated GEMM rate of its costliest operator's
-        shape (the attention's projection), plus one streaming pass over its output per other operator.
+        shape (the attention's projection), plus a streaming pass over what all its operators write (a
+        LayerCost's output bytes are its operators' sum).
         Read from the output curve alone, swin_t's attention was predicted at a quarter of its measured time
         and vit_b_32's at nothing (docs/perf-model.md, "The zoo")."""
         s = layer.shape
@@ -400,9 +401,7 @@ class _Model:
             rows, k, n = s.get("m", 1) * s.get("batch", 1), s.get("k", 1), s.get("n", 1)
         rows *= batch
         per_mac = self._gemm_us(rows, k, n) / (rows * k * n)
-        ops = s.get("ops", {})
-        passes = max(sum(count for kind, count in ops.items() if kind not in ("linear", "matmul")), 1)
-        return per_mac * layer.macs * batch + passes * self.curve_us("relu_out", layer.output_bytes * batch * scale)
+        return per_mac * layer.macs * batch + self.curve_us("relu_out", layer.output_bytes * batch * scale)
 
     def _pool_us(self, layer: LayerCost, batch: int, scale: float) -> float:
         s = layer.shape
