@@ -11,14 +11,7 @@ import os
 import time
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.models.timing import (
-    CLOCKS,
-    DEFAULT_BATCH_SIZES,
-    DEFAULT_POINT_BUDGET_S,
-    DEFAULT_REPEATS,
-    DEFAULT_SWEEPS,
-    DEFAULT_WARMUP,
-)
+from spark_cnn.models import timing
 from spark_cnn.perf.zoo import DEFAULT_ATTRIBUTE_AT, DEFAULT_MAX_GFLOPS
 
 __all__ = ["add_arguments", "run"]
@@ -40,10 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --zoo: time every layer at this batch size to find which operator kinds are "
                              "mispriced (0: do not)")
     parser.add_argument("--markdown", default=None, help="with --zoo: write the tables to this Markdown file")
-    parser.add_argument("--batch-sizes", default=",".join(map(str, DEFAULT_BATCH_SIZES)))
-    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--sweeps", type=int, default=DEFAULT_SWEEPS)
-    parser.add_argument("--point-budget-s", type=float, default=DEFAULT_POINT_BUDGET_S)
+    parser.add_argument("--batch-sizes", default=",".join(map(str, timing.DEFAULT_BATCH_SIZES)))
+    parser.add_argument("--repeats", type=int, default=timing.DEFAULT_REPEATS)
+    parser.add_argument("--sweeps", type=int, default=timing.DEFAULT_SWEEPS)
+    parser.add_argument("--point-budget-s", type=float, default=timing.DEFAULT_POINT_BUDGET_S)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the sidecar's)")
     parser.add_argument("--layers-at", type=int, default=None, help="per-layer report at this batch size")
     parser.add_argument("--cache-dir", default=None,
@@ -52,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibrate-each", action="store_true",
                         help="calibrate again before each model, so that on a busy host the profile and the "
                              "measurements see the same conditions")
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+    parser.add_argument("--clock", choices=sorted(timing.CLOCKS), default="wall",
                         help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
                              "host; also used for calibrating with --refresh or --calibrate-each)")
     parser.add_argument("--json", default=None,
@@ -114,7 +107,7 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
     models, excluded = zoo.select(flops, args.max_gflops)
     path = args.json or DEFAULT_ZOO_JSON
     settings = {"input_shape": list(zoo.ZOO_INPUT_SHAPE), "clock": args.clock, "threads": profile.threads,
-                "repeats": args.repeats, "warmup": DEFAULT_WARMUP, "point_budget_s": args.point_budget_s,
+                "repeats": args.repeats, "warmup": timing.DEFAULT_WARMUP, "point_budget_s": args.point_budget_s,
                 "attribute_at": args.attribute_at}
     started, load = time.perf_counter(), os.getloadavg()[0]
     state = zoo.sweep(path, models, batch_sizes, settings=settings, sweeps=args.sweeps, gflops=flops,

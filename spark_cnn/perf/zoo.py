@@ -32,7 +32,7 @@ from spark_cnn.errors import ConfigError
 __all__ = ["DEFAULT_ATTRIBUTE_AT", "DEFAULT_MAX_GFLOPS", "ZOO_INPUT_SHAPE", "attribute", "catalogue", "cause",
            "judge", "load_state", "markdown", "percentile", "select", "summarise", "sweep"]
 
-# 2 x the multiply-adds at 224 px: 41 networks, up to resnet50, convnext_tiny and swin_t, whose batch of 32
+# 2 x the multiply-adds at 224 px: 43 networks, up to resnet50, convnext_tiny and swin_t, whose batch of 32
 # still runs in a few seconds on one core of the development host.
 DEFAULT_MAX_GFLOPS = 9.5
 ZOO_INPUT_SHAPE = (3, 224, 224)
