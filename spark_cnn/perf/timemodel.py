@@ -49,7 +49,7 @@ from spark_cnn.perf.heap import PAGE_BYTES, faulted_bytes
 from spark_cnn.perf.layers import LayerCost, ModelCost
 from spark_cnn.task.sidecar_env import GLIBC, RETAINED
 
-__all__ = ["BOUNDS", "PRECISIONS", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
+__all__ = ["BOUNDS", "PRECISIONS", "layer_kind", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
            "predict_peak_memory_bytes", "predict_throughput", "predict_transfer_ms"]
 
 BOUNDS = ("compute", "memory", "overhead")
@@ -87,6 +87,8 @@ _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu
            "normalise": "normalise", "heads": "heads"}
 _KEYED_ON_INPUT = {"adaptive_avg_pool2d", "mean", "sum", "adaptive_max_pool2d"}
 _MODULE_CALLS = {"dropout", "identity", "stochastic_depth", "flatten"}
+# Shape fields of a layer whose costliest operator is a matrix product (linear, matmul, attention).
+_GEMM_SHAPED = {"in_features", "embed_dim", "k"}
 
 
 def _check(profile: DeviceProfile, batch: int, precision: str) -> None:
@@ -123,6 +125,18 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
         us, bound = model.layer_us(layer, batch, scale, fault_us)
         rows.append((layer, us / 1e3, bound))
     return rows
+
+
+def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
+    """What prices `layer` at `batch`: a convolution's class ("conv:conv", "conv:pointwise",
+    "conv:pointwise_gemm", "conv:depthwise", "conv:grouped"; "conv:squeeze" for a 1x1 convolution on one
+    pixel, squeeze-excitation's), else its op ("relu", "hardswish", "layer_norm", "contiguous", ...)."""
+    if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
+        shape = _conv_shape(layer, batch, profile)
+        if shape.kernel == (1, 1) and shape.out_hw == (1, 1):
+            return "conv:squeeze"
+        return f"conv:{shape.klass}"
+    return layer.op
 
 
 def predict_batch_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, precision: str = "fp32",
@@ -318,6 +332,9 @@ class _Model:
             return self._pool_us(layer, batch, scale) + fault_us, "memory"
         if layer.op == "modules":
             return layer.shape["calls"] * self.profile.call_us.get("container", 0.0), "overhead"
+        if layer.macs and self.gemm is not None and _GEMM_SHAPED & set(layer.shape):
+            # attention, and other layers made of matmuls and more
+            return self._composite_us(layer, batch, scale) + fault_us, "compute"
         if layer.flops == 0 and layer.input_bytes == 0 and layer.output_bytes == 0:
             kind = "module" if layer.op in _MODULE_CALLS else "function"
             return self.profile.call_us.get(kind, 1.0), "overhead"
@@ -353,19 +370,38 @@ class _Model:
         flops = 2 * rows * in_features * out_features
         return max(flops / NOMINAL_FLOPS_PER_US, in_features * out_features * FP32 / NOMINAL_BYTES_PER_US)
 
+    def _gemm_us(self, rows: int, k: int, n: int) -> float:
+        base = self._gemm_base_us(rows, k, n)
+        if self.gemm is None:
+            return base
+        return base * math.exp(self._idw(self.gemm, self._gemm_features(rows, k, n), GEMM_FEATURE_WEIGHTS))
+
     def _linear_us(self, layer: LayerCost, batch: int) -> tuple[float, str]:
         s = layer.shape
         if layer.op == "linear":
             rows, k, n = s.get("rows", 1) * batch, s.get("in_features", 1), s.get("out_features", 1)
         else:
             rows, k, n = s.get("m", 1) * s.get("batch", 1) * batch, s.get("k", 1), s.get("n", 1)
-        base = self._gemm_base_us(rows, k, n)
-        if self.gemm is None:
-            us = base
-        else:
-            us = base * math.exp(self._idw(self.gemm, self._gemm_features(rows, k, n), GEMM_FEATURE_WEIGHTS))
         compute = 2 * rows * k * n / NOMINAL_FLOPS_PER_US
-        return us, "compute" if compute >= k * n * FP32 / NOMINAL_BYTES_PER_US else "memory"
+        return self._gemm_us(rows, k, n), "compute" if compute >= k * n * FP32 / NOMINAL_BYTES_PER_US else "memory"
+
+    def _composite_us(self, layer: LayerCost, batch: int, scale: float) -> float:
+        """A layer of several operators with matrix work (torchvision's shifted-window attention, a
+        MultiheadAttention): all its multiply-adds at the calibrated GEMM rate of its costliest operator's
+        shape (the attention's projection), plus a streaming pass over what all its operators write (a
+        LayerCost's output bytes are its operators' sum).
+        Read from the output curve alone, swin_t's attention was predicted at a quarter of its measured time
+        and vit_b_32's at nothing (docs/perf-model.md, "The zoo")."""
+        s = layer.shape
+        if "in_features" in s:
+            rows, k, n = s.get("rows", 1), s["in_features"], s.get("out_features", 1)
+        elif "embed_dim" in s:
+            rows, k, n = s.get("length", 1), s["embed_dim"], s["embed_dim"]
+        else:
+            rows, k, n = s.get("m", 1) * s.get("batch", 1), s.get("k", 1), s.get("n", 1)
+        rows *= batch
+        per_mac = self._gemm_us(rows, k, n) / (rows * k * n)
+        return per_mac * layer.macs * batch + self.curve_us("relu_out", layer.output_bytes * batch * scale)
 
     def _pool_us(self, layer: LayerCost, batch: int, scale: float) -> float:
         s = layer.shape

@@ -37,6 +37,7 @@ from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
 from spark_cnn.models.tensors import normalise
 from spark_cnn.models.timing import (
+    CLOCKS,
     DEFAULT_BATCH_SIZES,
     DEFAULT_POINT_BUDGET_S,
     DEFAULT_REPEATS,
@@ -56,8 +57,8 @@ from spark_cnn.perf.timemodel import HEADS_LAYER, NORMALISE_LAYER, predict_batch
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 from spark_cnn.task.sidecar_env import allocator_of, sidecar_environment
 
-__all__ = ["DEFAULT_BATCH_SIZES", "LARGE_BATCH", "PICK_TARGET", "layer_report", "measure_batch_ms",
-           "measure_layers_ms", "settle_allocator", "validate"]
+__all__ = ["DEFAULT_BATCH_SIZES", "LARGE_BATCH", "PICK_TARGET", "compare", "layer_report", "measure_batch_ms",
+           "measure_isolated", "measure_layers_ms", "settle_allocator", "validate"]
 
 # The targets docs/perf-model.md reports against: MAPE over batch >= 8 and over every size; the tuner's pick
 # within 5% of the best measured throughput.
@@ -96,14 +97,17 @@ def measure_batch_ms(module: nn.Module, input_shape: Sequence[int], batch: int, 
 
 
 def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int, *,
-                      repeats: int = DEFAULT_REPEATS) -> dict[str, float]:
+                      repeats: int = DEFAULT_REPEATS, clock: str = "wall") -> dict[str, float]:
     """Milliseconds per layer (minimum over `repeats` forwards, after two warm-up ones), named as
-    `spark_cnn.perf.layers.analyse` names fx layers, plus NORMALISE_LAYER and HEADS_LAYER.
+    `spark_cnn.perf.layers.analyse` names fx layers, plus NORMALISE_LAYER and HEADS_LAYER. `clock` as in
+    spark_cnn.models.timing.CLOCKS.
 
     The module runs as its torch.fx graph, node by node, each node timed where it runs in the sequence (its
     input fresh from the layer before, as in a real forward). The graph runs the functional form of what it
     traced: `x += y` is an out-of-place add there.
     """
+    check_options(repeats=max(repeats, 1), warmup=0, clock=clock)
+    read = CLOCKS[clock]
     graph = torch.fx.symbolic_trace(module.eval())
     settle_allocator()
     pixels = torch.from_numpy(random_pixels(input_shape, batch))
@@ -115,9 +119,9 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
         def run_node(self, node: torch.fx.Node) -> Any:
             if node.op not in ("call_module", "call_function", "call_method"):
                 return super().run_node(node)
-            start = time.perf_counter()
+            start = read()
             result = super().run_node(node)
-            elapsed = time.perf_counter() - start
+            elapsed = read() - start
             name = node.target if node.op == "call_module" else node.name
             while name in self.seen:  # a module called twice: analyse names the second call name_1
                 self.count[name] = self.count.get(name, 0) + 1
@@ -130,13 +134,13 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
         interpreter = Timed(graph)
         interpreter.times, interpreter.seen, interpreter.count = {}, set(), {}
         with torch.inference_mode():
-            start = time.perf_counter()
+            start = read()
             images = normalise(pixels, prep)
-            interpreter.times[NORMALISE_LAYER] = time.perf_counter() - start
+            interpreter.times[NORMALISE_LAYER] = read() - start
             logits = interpreter.run(images)
-            start = time.perf_counter()
+            start = read()
             heads.predict(logits if isinstance(logits, torch.Tensor) else logits[0])
-            interpreter.times[HEADS_LAYER] = time.perf_counter() - start
+            interpreter.times[HEADS_LAYER] = read() - start
         return interpreter.times
 
     one_pass()
@@ -144,19 +148,19 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
     for _ in range(max(repeats, 1)):
         for name, seconds in one_pass().items():
             best[name] = min(best.get(name, math.inf), seconds * 1e3)
-    overhead = _interpreter_overhead_ms(Timed)
+    overhead = _interpreter_overhead_ms(Timed, read)
     return {name: max(ms - overhead, 0.0) if name not in (NORMALISE_LAYER, HEADS_LAYER) else ms
             for name, ms in best.items()}
 
 
-def _interpreter_overhead_ms(interpreter: type, nodes: int = 50, repeats: int = 5) -> float:
+def _interpreter_overhead_ms(interpreter: type, read: Any, nodes: int = 50, repeats: int = 5) -> float:
     """What running a node through the timing interpreter adds to the node (a few microseconds): a chain of
     in-place ReLUs on one element, through the interpreter and called directly."""
     chain = nn.Sequential(*[nn.ReLU(inplace=True) for _ in range(nodes)])
     graph = torch.fx.symbolic_trace(chain)
     x = torch.zeros(1)
     with torch.inference_mode():
-        direct = min(timed(lambda: chain(x)) for _ in range(repeats)) / nodes
+        direct = min(timed(lambda: chain(x), read) for _ in range(repeats)) / nodes
         per_node = []
         for _ in range(repeats):
             probe = interpreter(graph)
@@ -168,12 +172,12 @@ def _interpreter_overhead_ms(interpreter: type, nodes: int = 50, repeats: int = 
 
 def layer_report(module: nn.Module, profile: DeviceProfile, batch: int, *, cost: ModelCost | None = None,
                  input_shape: Sequence[int] = DEFAULT_INPUT_SHAPE, repeats: int = DEFAULT_REPEATS,
-                 threads: int | None = None) -> list[dict[str, Any]]:
+                 threads: int | None = None, clock: str = "wall") -> list[dict[str, Any]]:
     """Predicted against measured time per layer at `batch`, the largest absolute differences first: name,
     op, predicted_ms, measured_ms, error (relative), diff_ms, bound."""
     cost = cost or analyse(module, tuple(input_shape))
     with _threads(threads or profile.threads):
-        measured = measure_layers_ms(module, input_shape, batch, repeats=repeats)
+        measured = measure_layers_ms(module, input_shape, batch, repeats=repeats, clock=clock)
     rows = []
     for layer, ms, bound in predict_layers_ms(cost, profile, batch, allocator=allocator_of()):
         got = measured.get(layer.name)
@@ -247,8 +251,8 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     for _ in range(sweeps):
         for b in batch_sizes:
             if isolate:
-                ms, spread, measured_with = _measure_in_fresh_process(model_name, tuple(input_shape), b,
-                                                                     profile.threads, options)
+                ms, spread, measured_with = measure_isolated(model_name, tuple(input_shape), b, profile.threads,
+                                                             options)
                 if measured_with != allocator:
                     raise RuntimeError(f"the measuring process ran with the {measured_with} allocator, "
                                        f"the prediction assumes {allocator}")
@@ -257,6 +261,22 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                     ms, spread = measure_batch_ms(module, input_shape, b, **options)
             runs[b].append(ms)
             spreads[b].append(spread)
+    result = {**compare(model_name, cost, profile, runs, spreads, allocator),
+              "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+              "seconds": round(time.perf_counter() - start, 1),
+              "protocol": {**options, "isolated": isolate, "measured": "min over sweeps of min over calls"}}
+    if layers_at is not None:
+        result["layers"] = layer_report(module, profile, layers_at, cost=cost, input_shape=input_shape,
+                                        threads=profile.threads, clock=clock)
+    return result
+
+
+def compare(model_name: str, cost: ModelCost, profile: DeviceProfile, runs: dict[int, list[float]],
+            spreads: dict[int, list[float]], allocator: str) -> dict[str, Any]:
+    """Measured `runs` (batch size -> ms of each sweep) and their `spreads` against the prediction from
+    `profile` for a process with `allocator`: validate()'s result without its load, seconds and protocol.
+    Measurements do not depend on the profile, so a stored sweep can be judged again by a newer one."""
+    batch_sizes = list(runs)
     points = []
     for b in batch_sizes:
         measured = min(runs[b])
@@ -264,20 +284,14 @@ def validate(model_name: str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
         points.append({"batch_size": b, "predicted_ms": round(predicted, 3), "measured_ms": round(measured, 3),
                        "error": round((predicted - measured) / measured, 4),
                        "sweeps_ms": [round(ms, 3) for ms in runs[b]], "spread": round(max(spreads[b]), 4)})
+    sweeps = min(len(times) for times in runs.values())
     between = [(max(runs[b]) - min(runs[b])) / min(runs[b]) for b in batch_sizes] if sweeps > 1 else []
-    result = {"model": model_name, "device": profile.key, "threads": profile.threads,
-              "points": points, "mape": _mape([p["error"] for p in points]),
-              "mape_ge8": _mape([p["error"] for p in points if p["batch_size"] >= LARGE_BATCH]),
-              "repeatability": {"mean_pct": _mape(between), "max_pct": round(100 * max(between), 2) if between
-                                else None, "sweeps": sweeps},
-              "pick": _pick(points, runs), "allocator": allocator,
-              "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-              "seconds": round(time.perf_counter() - start, 1),
-              "protocol": {**options, "isolated": isolate, "measured": "min over sweeps of min over calls"}}
-    if layers_at is not None:
-        result["layers"] = layer_report(module, profile, layers_at, cost=cost, input_shape=input_shape,
-                                        threads=profile.threads)
-    return result
+    return {"model": model_name, "device": profile.key, "threads": profile.threads,
+            "points": points, "mape": _mape([p["error"] for p in points]),
+            "mape_ge8": _mape([p["error"] for p in points if p["batch_size"] >= LARGE_BATCH]),
+            "repeatability": {"mean_pct": _mape(between), "max_pct": round(100 * max(between), 2) if between
+                              else None, "sweeps": sweeps},
+            "pick": _pick(points, runs), "allocator": allocator}
 
 
 def _pick(points: list[dict[str, Any]], runs: dict[int, list[float]]) -> dict[str, Any]:
@@ -297,10 +311,11 @@ def _pick(points: list[dict[str, Any]], runs: dict[int, list[float]]) -> dict[st
             "meets": fraction >= PICK_TARGET}
 
 
-def _measure_in_fresh_process(model_name: str, input_shape: tuple, batch: int, threads: int,
-                              options: dict) -> tuple[float, float, str]:
+def measure_isolated(model_name: str, input_shape: tuple, batch: int, threads: int,
+                     options: dict) -> tuple[float, float, str]:
     """(ms, spread, allocator) of one point, measured by `python -m spark_cnn.sidecar.measure` in a new process
-    started with the sidecar's environment (glibc reads its malloc settings when a process starts)."""
+    started with the sidecar's environment (glibc reads its malloc settings when a process starts).
+    `options`: repeats, warmup, point_budget_s and clock, as validate() takes them."""
     budget = options["point_budget_s"]
     argv = [sys.executable, "-m", "spark_cnn.sidecar.measure", "--model", model_name,
             "--input-shape", ",".join(map(str, input_shape)), "--batch", str(batch), "--threads", str(threads),
@@ -354,3 +369,14 @@ def summary_table(results: list[dict[str, Any]], seconds: float) -> str:
                      f"{pick['measured_best_batch_size']}) | {r['load'][0]} -> {r['load'][1]} |")
     return "\n".join(lines)
 
+
+
+if __name__ == "__main__":
+    import argparse
+
+    from spark_cnn.perf.validate_command import add_arguments, run
+
+    _parser = argparse.ArgumentParser(prog="python -m spark_cnn.perf.validate",
+                                      description="Measure models' per-batch latency against the time model.")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

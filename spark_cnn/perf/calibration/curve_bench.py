@@ -69,9 +69,12 @@ def _curve_cases(bench: Bench) -> dict[str, Case]:
         return (lambda a, b: torch.cat([a, b], 1)), fresh(bench.tensor(1, 32, side, side),
                                                            bench.tensor(1, 32, side, side))
 
-    def shuffle_copy(side: int):  # a transposed view made contiguous (channel shuffle)
+    def shuffle_copy(side: int):  # a channel shuffle: a transposed view made contiguous
+        # on an NCHW tensor, as shufflenet runs from its first shuffle on (`.contiguous()` leaves channels-last):
+        # runs of side x side pixels copied whole. The same on a channels-last tensor gathers one float per
+        # cache line and priced shufflenet's shuffles at 7 to 16 times their measured time (docs/perf-model.md).
         return ((lambda x: x.view(1, 2, 32, side, side).transpose(1, 2).contiguous()),
-                fresh(bench.tensor(1, 64, side, side)))
+                fresh(bench.tensor(1, 64, side, side).contiguous()))
 
     return {"relu": unary(nn.ReLU(inplace=True)), "hardswish": unary(nn.Hardswish(inplace=True)),
             "batch_norm": batch_norm, "add": binary(True), "add_out": binary(False),

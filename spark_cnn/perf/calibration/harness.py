@@ -31,6 +31,12 @@ MAX_REPEATS = 10
 WARMUP = 1
 # When the cache size cannot be read: the development host's L3.
 FALLBACK_LAST_LEVEL_CACHE_BYTES = 32 << 20
+# Written before each call: half the last-level cache, at most 16 MiB, about what a network's other layers
+# touch between two calls of one layer at the batch sizes a CPU runs. A virtual machine may report its host's
+# whole L3 (491 520 KiB on a 2-core Xeon guest): writing half of that before each call left nothing of the
+# call's code and weights in any cache and priced every small operator as cold (module call 15.6 us against
+# 5.3; mobilenet_v3_small at batch 1 predicted +64%; docs/perf-model.md, "The zoo").
+MAX_POLLUTE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -129,14 +135,15 @@ class Bench:
         self.cuda = device.type == "cuda"
         self.sync = (lambda: torch.cuda.synchronize(device)) if self.cuda else None
         self.fault_us = 0.0
-        self.pollute = None if self.cuda else torch.empty(_last_level_cache_bytes() // 2 // 4).fill_(1.0)
+        self.pollute = None if self.cuda else torch.empty(pollute_bytes() // 4).fill_(1.0)
 
     def time(self, fn: Callable[..., Any], fresh: Callable[[], tuple] | None = None) -> Timing:
         """REPEATS calls after a warm-up; 2 when a call is longer than LONG_CALL_S, more when it is short.
 
         Each call starts as a layer inside a network does (CPU): the cache holds other data (`pollute`, half
-        the last-level cache, is written first), the operator's weights and code have to come back, and its
-        inputs were just made by another operator into new memory (`fresh()` returns them). Timed hot in a
+        the last-level cache up to MAX_POLLUTE_BYTES, is written first), the operator's weights and code have
+        to come back, and its inputs were just made by another operator into new memory (`fresh()` returns
+        them). Timed hot in a
         loop on the same input, small operators ran 1.5 to 3 times faster than inside a network
         (docs/perf-model.md); after a flush of the whole cache, several times slower."""
         def before() -> tuple:
@@ -176,6 +183,11 @@ class Bench:
 def fresh(*sources: torch.Tensor) -> Callable[[], tuple]:
     """New copies of `sources` made by an elementwise operator, as a previous layer's outputs."""
     return lambda: tuple(source * 1.0 for source in sources)
+
+
+def pollute_bytes() -> int:
+    """Bytes written before each timed call on the CPU (Bench.time)."""
+    return min(_last_level_cache_bytes() // 2, MAX_POLLUTE_BYTES)
 
 
 def _last_level_cache_bytes() -> int:

@@ -152,7 +152,9 @@ TOOLS = {
                  "repeats": "timed calls per point", "sweeps": "passes over the sizes",
                  "point_budget_s": "time per point", "threads": "torch threads", "layers_at": "the per-layer report",
                  "cache_dir": "the device profiles", "refresh": "calibrate again", "calibrate_each": "per model",
-                 "clock": "what is timed", "json": "the results file"},
+                 "clock": "what is timed", "json": "the results file", "zoo": "every torchvision classifier",
+                 "max_gflops": "the zoo's FLOP budget", "attribute_at": "the zoo's per-kind attribution",
+                 "markdown": "the zoo's tables"},
 }
 
 

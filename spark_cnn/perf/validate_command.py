@@ -1,0 +1,136 @@
+"""The validation command line, shared by `spark-cnn validate` and `python -m spark_cnn.perf.validate`: named
+models (spark_cnn.perf.validate) or, with --zoo, every torchvision classifier under a FLOP budget
+(spark_cnn.perf.zoo). No torch at import: the CLI builds its parser from here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from spark_cnn.errors import ConfigError
+from spark_cnn.models import timing
+from spark_cnn.perf.zoo import DEFAULT_ATTRIBUTE_AT, DEFAULT_MAX_GFLOPS
+
+__all__ = ["add_arguments", "run"]
+
+# Where --zoo keeps its measurements unless --json says otherwise: resuming needs a fixed place.
+DEFAULT_ZOO_JSON = "zoo-validation.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--models", help="comma-separated torchvision model names")
+    which.add_argument("--zoo", action="store_true",
+                       help="every torchvision classification model under --max-gflops, at 224 px, resumable "
+                            "(--json keeps the measurements; a rerun measures only what is missing)")
+    parser.add_argument("--max-gflops", type=float, default=DEFAULT_MAX_GFLOPS,
+                        help="with --zoo: FLOPs per 224 px image (2 x torchvision's multiply-adds), default "
+                             f"{DEFAULT_MAX_GFLOPS:g}")
+    parser.add_argument("--attribute-at", type=int, default=DEFAULT_ATTRIBUTE_AT,
+                        help="with --zoo: time every layer at this batch size to find which operator kinds are "
+                             "mispriced (0: do not)")
+    parser.add_argument("--markdown", default=None, help="with --zoo: write the tables to this Markdown file")
+    parser.add_argument("--batch-sizes", default=",".join(map(str, timing.DEFAULT_BATCH_SIZES)))
+    parser.add_argument("--repeats", type=int, default=timing.DEFAULT_REPEATS)
+    parser.add_argument("--sweeps", type=int, default=timing.DEFAULT_SWEEPS)
+    parser.add_argument("--point-budget-s", type=float, default=timing.DEFAULT_POINT_BUDGET_S)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the sidecar's)")
+    parser.add_argument("--layers-at", type=int, default=None, help="per-layer report at this batch size")
+    parser.add_argument("--cache-dir", default=None,
+                        help="device profiles (default: $SPARK_CNN_CACHE_DIR, else ~/.cache/spark_cnn/devices)")
+    parser.add_argument("--refresh", action="store_true", help="calibrate again")
+    parser.add_argument("--calibrate-each", action="store_true",
+                        help="calibrate again before each model, so that on a busy host the profile and the "
+                             "measurements see the same conditions")
+    parser.add_argument("--clock", choices=sorted(timing.CLOCKS), default="wall",
+                        help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
+                             "host; also used for calibrating with --refresh or --calibrate-each)")
+    parser.add_argument("--json", default=None,
+                        help=f"write all results to this file (with --zoo: the resumable measurements, default "
+                             f"{DEFAULT_ZOO_JSON})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_cnn.perf.calibration import calibrate
+    from spark_cnn.perf.startpoint import profile_cache_dir
+
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if any(b < 1 for b in batch_sizes):
+        raise ConfigError(f"--batch-sizes {args.batch_sizes}: expected positive integers")
+
+    def profile_now():
+        return calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir or profile_cache_dir(),
+                         refresh=args.refresh or args.calibrate_each, clock=args.clock)
+    if args.zoo:
+        return _run_zoo(args, batch_sizes, profile_now)
+    return _run_models(args, batch_sizes, profile_now)
+
+
+def _run_models(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> int:
+    from spark_cnn.perf.validate import result_table, summary_table, validate
+
+    results, profiles, started = [], [], time.perf_counter()
+    profile = None
+    for name in args.models.split(","):
+        if profile is None or args.calibrate_each:
+            profile = profile_now()
+            profiles.append({"before": name, "key": profile.key, "created": profile.created,
+                             "calibration_s": profile.calibration_s, "notes": list(profile.notes)})
+            print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
+        result = validate(name, batch_sizes, profile, repeats=args.repeats, sweeps=args.sweeps,
+                          point_budget_s=args.point_budget_s, layers_at=args.layers_at, clock=args.clock)
+        results.append(result)
+        print(result_table(result), flush=True)
+    print(summary_table(results, time.perf_counter() - started), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"profile": profile.key, "profiles": profiles, "results": results}, f, indent=1)
+    return 0
+
+
+def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> int:
+    from spark_cnn.perf import zoo
+
+    if args.calibrate_each or args.layers_at is not None:
+        raise ConfigError("--zoo judges every network with one profile and attributes with --attribute-at: "
+                          "drop --calibrate-each and --layers-at")
+    if args.attribute_at < 0:
+        raise ConfigError(f"--attribute-at {args.attribute_at}: expected a batch size, or 0 for none")
+    profile = profile_now()
+    print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
+    if args.clock == "cpu" and profile.threads != 1:
+        raise ConfigError(f"--clock cpu times the calling thread: it needs one torch thread, not {profile.threads}")
+    flops = zoo.catalogue()
+    models, excluded = zoo.select(flops, args.max_gflops)
+    path = args.json or DEFAULT_ZOO_JSON
+    settings = {"input_shape": list(zoo.ZOO_INPUT_SHAPE), "clock": args.clock, "threads": profile.threads,
+                "repeats": args.repeats, "warmup": timing.DEFAULT_WARMUP, "point_budget_s": args.point_budget_s,
+                "attribute_at": args.attribute_at}
+    started, load = time.perf_counter(), os.getloadavg()[0]
+    state = zoo.sweep(path, models, batch_sizes, settings=settings, sweeps=args.sweeps, gflops=flops,
+                      log=lambda line: print(line, flush=True))
+    print(f"zoo: {len(models)} networks (of {len(flops)}; {len(excluded)} over the budget) measured in "
+          f"{(time.perf_counter() - started) / 60:.1f} min, load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
+    judged = zoo.judge(_restricted(state, models, batch_sizes), profile)
+    table = zoo.markdown(judged, max_gflops=args.max_gflops, batch_sizes=batch_sizes, clock=args.clock)
+    print(table, flush=True)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table)
+    return 0
+
+
+def _restricted(state: dict, models: list[str], batch_sizes: list[int]) -> dict:
+    """The stored sweep as far as this run asked: its models and batch sizes (a file may hold more)."""
+    sizes = {str(b) for b in batch_sizes}
+    kept = {}
+    for name in models:
+        entry = state["models"].get(name)
+        if entry is None:
+            continue
+        kept[name] = {**entry, "runs": {b: v for b, v in entry["runs"].items() if b in sizes},
+                      "spreads": {b: v for b, v in entry["spreads"].items() if b in sizes}}
+    return {**state, "models": kept, "failed": {n: why for n, why in state["failed"].items() if n in models}}
