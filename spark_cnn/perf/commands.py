@@ -109,12 +109,16 @@ def profile_report(result: dict) -> str:
         lines.append(line)
     lines.append(f"chosen batch size {result['chosen_batch_size']}: {result['choice']}")
     if result["mape"] is not None:
-        rep = result["repeatability"]
-        lines.append(f"MAPE {result['mape']}% (batch >= 8: {result['mape_ge8']}%); two sweeps differ by "
-                     f"{rep['mean_pct']}% on average (max {rep['max_pct']}%); measured best batch "
-                     f"{result['measured_best_batch_size']}, the pick reaches "
-                     f"{100 * result['pick_fraction_of_best']:.1f}% of it; load {result['load']}")
+        lines.append(_measured_line(result))
     return "\n".join(lines)
+
+
+def _measured_line(result: dict) -> str:
+    """What `--validate` measured, in a line: the error, how far two sweeps differ, the pick against the best."""
+    rep = result["repeatability"]
+    return (f"MAPE {result['mape']}% (batch >= 8: {result['mape_ge8']}%); two sweeps differ by {rep['mean_pct']}% "
+            f"on average (max {rep['max_pct']}%); measured best batch {result['measured_best_batch_size']}, the "
+            f"pick reaches {100 * result['pick_fraction_of_best']:.1f}% of it; load {result['load']}")
 
 
 def export_device(device: str, path: str, *, threads: int | None = None, refresh: bool = False,
