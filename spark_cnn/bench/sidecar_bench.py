@@ -4,8 +4,10 @@ K client processes (separate processes, like Spark's Python workers) each keep r
 flight against one sidecar. `off` runs every request alone (the target batch is R, so nothing merges);
 `on` lets the batcher merge requests of all clients into batches of the target size (auto or --batch-size);
 `device_only` runs the model in this process on ready-made batches of that same size: the rate the sidecar
-would reach if serving cost nothing. Modes alternate over rounds so drift hits both alike; images/s are
-means over rounds, each measured after a warm-up. No Spark and no Java are needed.
+would reach if serving cost nothing. A detector or segmenter (a torchvision detection or segmentation builder
+name) gets photos of several shapes, each sent at its own size under the model's size rule, as `spark-cnn detect`'s
+tasks send them; its device-only run takes batches of those same images. Modes alternate over rounds so drift
+hits both alike; images/s are means over rounds, each measured after a warm-up. No Spark and no Java are needed.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ import numpy as np
 
 from spark_cnn.bench.tiny import IDENTITY_FACTORY
 from spark_cnn.bench.variants import IDENTITY_MODEL
+from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.imaging.samples import bench_jpegs
+from spark_cnn.imaging.sizing import sized_pixels
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.task.client import SidecarClient, map_ordered
+from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, SidecarClient, map_ordered
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
 from spark_cnn.task.procs import ExecutorProcess, process_id
+from spark_cnn.task.protocol import SizedImages
 from spark_cnn.task.run_options import RunOptions
 
 # Distinct images the clients cycle through: enough that no cache makes repeats free.
@@ -39,6 +44,9 @@ BENCH_IMAGES = 32
 # client sends more of them, so K clients can fill several device batches between them.
 ROWS_IN_FLIGHT_PER_CLIENT = 64
 CLIENT_START_TIMEOUT_S = 120.0
+# (height, width) of a detector's or segmenter's bench photos: square, landscape, portrait and a larger one, so
+# requests and batches mix sizes (all fit the 427 x 640 source photos).
+DENSE_BENCH_SHAPES = ((320, 320), (240, 427), (427, 320), (400, 600))
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,26 @@ def machine_info(device: str) -> str:
     return cpu
 
 
+def bench_task(model: str) -> str:
+    """What a bench model does: detect or segment (torchvision's detection and segmentation builders), else
+    classify."""
+    import torchvision
+
+    for task, module in (("detect", torchvision.models.detection), ("segment", torchvision.models.segmentation)):
+        if model in torchvision.models.list_models(module=module):
+            return task
+    return "classify"
+
+
+def take_images(images: list, start: int, count: int):
+    """`count` images from `start` on, cycling: one request's or one batch's, stacked fixed-size pixels, one
+    SizedImages (single images at their own sizes, joined), or the files as they are."""
+    chunk = [images[(start + j) % len(images)] for j in range(count)]
+    if isinstance(chunk[0], np.ndarray):
+        return np.stack(chunk)
+    return SizedImages.concat(chunk) if isinstance(chunk[0], SizedImages) else chunk
+
+
 def _client_main(socket_path: str, token: str, endpoint_json: str, job: str, options: RunOptions, decode: str,
                  images: list, request_size: int, max_in_flight: int, window, ready, go, results) -> None:
     """One client process: keep requests in flight until the window closes; report images done inside it."""
@@ -85,9 +113,8 @@ def _client_main(socket_path: str, token: str, endpoint_json: str, job: str, opt
         def requests():
             i = 0
             while time.time() < end:
-                chunk = [images[(i + j) % len(images)] for j in range(request_size)]
+                yield None, take_images(images, i, request_size)
                 i += request_size
-                yield None, np.stack(chunk) if isinstance(chunk[0], np.ndarray) else chunk
 
         done = 0
         for _, reply in map_ordered(client, requests(), max_in_flight):
@@ -126,9 +153,10 @@ def _drive(cfg: SidecarBenchConfig, info, endpoint: Endpoint, options: RunOption
             "batch_size": stats["batch_size"], "precision": stats["precision"]}
 
 
-def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_size: int, pixels: np.ndarray,
+def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_size: int, images: list,
                  cfg: SidecarBenchConfig) -> float:
-    """The model alone, in this process, on ready-made batches: upload + forward + download per batch."""
+    """The model alone, in this process, on ready-made batches of the clients' images (pixels, or SizedImages):
+    upload + forward + download per batch."""
     import torch
 
     from spark_cnn.sidecar.runner import ModelRunner, cpu_compute_workers, resolve_device
@@ -138,7 +166,7 @@ def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_siz
     if runner.device.type == "cpu":
         torch.set_num_threads(cpu_threads(cfg.threads))  # the same count the sidecar ran with
     workers = cpu_compute_workers(runner.device, cfg.threads)  # and as many batches side by side
-    batch = pixels[np.arange(batch_size) % len(pixels)]
+    batch = take_images(images, 0, batch_size)
     for _ in range(3):
         runner.run(batch)  # warm-up: allocator, cuDNN autotuning, the precision probe
     done = [0] * workers
@@ -165,6 +193,10 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
     from spark_cnn.models.resolve import resolve_endpoint
     from spark_cnn.models.spec import ModelSpec
 
+    task = bench_task(cfg.model)
+    if task != "classify" and (cfg.image_size is not None or cfg.decode != "task"):
+        raise ConfigError(f"--model {cfg.model} sizes each image by its own rule, made in the clients: drop "
+                          "--image-size and --decode")
     workdir = tempfile.mkdtemp(prefix="scnb")
     previous_runtime_dir = os.environ.get(RUNTIME_DIR_ENV)
     os.environ[RUNTIME_DIR_ENV] = os.path.join(workdir, "rt")  # a private sidecar, whatever else runs here
@@ -176,13 +208,28 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
             endpoint = resolve_endpoint(ModelSpec(IDENTITY_FACTORY, preprocessing=size)).endpoint
         else:
             weights = os.path.join(workdir, f"{cfg.model}.pt")
-            torch.save(torchvision.models.get_model(cfg.model, weights=None).state_dict(), weights)
-            endpoint = resolve_endpoint(ModelSpec(cfg.model, weights, preprocessing=size)).endpoint
-        files = bench_jpegs(BENCH_IMAGES)
-        pixels = np.stack([preprocess_pixels(f, endpoint.preprocessing) for f in files])
-        images = list(pixels) if cfg.decode == "task" else files
+            # a dense model's backbone stays random too: never a download
+            dense = {} if task == "classify" else {"weights_backbone": None}
+            torch.save(torchvision.models.get_model(cfg.model, weights=None, **dense).state_dict(), weights)
+            endpoint = resolve_endpoint(ModelSpec(cfg.model, weights, preprocessing=size), task=task).endpoint
+        if endpoint.sized and cfg.max_in_flight is None:
+            # a Spark task's own count: a client that sends far ahead of reading large replies (detections) stalls
+            # the sidecar, whose queue holds only SIZED_QUEUED_BATCHES of such images
+            cfg = replace(cfg, max_in_flight=DEFAULT_MAX_IN_FLIGHT)
+        if endpoint.sized:  # each at its own size under the model's rule, made as `detect`'s tasks make them
+            files = bench_jpegs(BENCH_IMAGES, shapes=DENSE_BENCH_SHAPES)
+            images = []
+            for file in files:
+                pixels, source = sized_pixels(file, endpoint.sizing)
+                images.append(SizedImages([pixels], [source]))
+            sent = [one.images[0] for one in images]
+        else:
+            files = bench_jpegs(BENCH_IMAGES)
+            sent = list(np.stack([preprocess_pixels(f, endpoint.preprocessing) for f in files]))
+            images = sent if cfg.decode == "task" else files
         # What one image puts on the socket: its pixels, or its file when the sidecar decodes.
-        bytes_per_image = pixels[0].nbytes if cfg.decode == "task" else statistics.mean(len(f) for f in files)
+        bytes_per_image = (statistics.mean(p.nbytes for p in sent) if cfg.decode == "task"
+                           else statistics.mean(len(f) for f in files))
         run = RunOptions(precision=cfg.precision, channels_last=cfg.channels_last, compile=cfg.compile)
         off = replace(run, batch_size=cfg.request_size)
         on = replace(run, batch_size=cfg.batch_size)
@@ -201,7 +248,7 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
                     f"{result['mean_batch_size']:.1f}")
         stop_sidecars(app_id)
         on_batch = max(r["batch_size"] for r in rounds if r["mode"] == "on")
-        device_only = _device_only(endpoint, info.device, on, on_batch, pixels, cfg)
+        device_only = _device_only(endpoint, info.device, on, on_batch, images if endpoint.sized else sent, cfg)
         log(f"  device only at batch {on_batch}: {device_only:8.1f} img/s")
         mean = {mode: statistics.mean(r["images_per_s"] for r in rounds if r["mode"] == mode) for mode in ("on", "off")}
         return {
@@ -210,7 +257,10 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
             "on_over_off": round(mean["on"] / mean["off"], 3) if mean["off"] else None,
             "on_over_device_only": round(mean["on"] / device_only, 3) if device_only else None,
             "batch_size": on_batch, "machine": machine_info(info.device), "device": info.device,
-            "input_shape": list(pixels.shape[1:]), "bytes_per_image": round(bytes_per_image),
+            "task": task, "input_shape": None if endpoint.sized else list(sent[0].shape),
+            # the (height, width) sizes sent, each image at its own (detectors, segmenters)
+            "input_sizes": sorted({tuple(p.shape[:2]) for p in sent}) if endpoint.sized else None,
+            "bytes_per_image": round(bytes_per_image),
             "on_gb_per_s": round(mean["on"] * bytes_per_image / 1e9, 3),
             "config": asdict(cfg), "rounds": rounds,
         }

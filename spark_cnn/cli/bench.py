@@ -11,8 +11,8 @@ from spark_cnn.task.run_options import DECODE_PLACES, PRECISIONS
 def register(commands) -> None:
     parser = commands.add_parser("bench-sidecar", help="dynamic batching on vs off vs the device alone (no Spark)")
     parser.add_argument("--model", default="mobilenet_v3_small",
-                        help="torchvision model (random weights), or identity: a near-free model that measures what "
-                        "serving alone costs")
+                        help="torchvision model (random weights; a detection or segmentation builder sends each image "
+                        "at its own size), or identity: a near-free model that measures what serving alone costs")
     parser.add_argument("--clients", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--request-size", type=int, default=1, help="images per request (default 1)")
     parser.add_argument("--batch-size", default="auto", help="target batch with batching on: auto or N")
@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         image_size=args.image_size)
     result = run_sidecar_bench(config)
     print(f"{config.model} on {result['machine']}")
-    shape = "x".join(map(str, result["input_shape"]))
+    shape = ("x".join(map(str, result["input_shape"])) if result["input_shape"] else
+             "own-size (" + ", ".join(f"{h}x{w}" for h, w in result["input_sizes"]) + ")")
     print(f"  on           {result['on']:9.1f} img/s  (batch {result['batch_size']}; {shape} input, "
           f"{result['on_gb_per_s']} GB/s into the sidecar)")
     print(f"  off          {result['off']:9.1f} img/s  (batch {config.request_size})")

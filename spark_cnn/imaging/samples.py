@@ -26,16 +26,19 @@ def _source_photos() -> list[np.ndarray]:
     return [load_sample_image("china.jpg"), load_sample_image("flower.jpg")]
 
 
-def bench_jpegs(count: int, seed: int = 0) -> list[bytes]:
-    """`count` JPEG files of BENCH_IMAGE_SIZE px squares at random offsets in the source photos."""
+def bench_jpegs(count: int, seed: int = 0, shapes: tuple[tuple[int, int], ...] = ((BENCH_IMAGE_SIZE,) * 2,)
+                ) -> list[bytes]:
+    """`count` JPEG crops at random offsets in the source photos, their (height, width) cycling through `shapes`
+    (default: BENCH_IMAGE_SIZE px squares)."""
     rng = np.random.default_rng(seed)
     photos = _source_photos()
     files = []
     for i in range(count):
         photo = photos[i % len(photos)]
-        top = int(rng.integers(0, photo.shape[0] - BENCH_IMAGE_SIZE + 1))
-        left = int(rng.integers(0, photo.shape[1] - BENCH_IMAGE_SIZE + 1))
-        crop = Image.fromarray(photo[top:top + BENCH_IMAGE_SIZE, left:left + BENCH_IMAGE_SIZE])
+        height, width = shapes[i % len(shapes)]
+        top = int(rng.integers(0, photo.shape[0] - height + 1))
+        left = int(rng.integers(0, photo.shape[1] - width + 1))
+        crop = Image.fromarray(photo[top:top + height, left:left + width])
         buf = io.BytesIO()
         crop.save(buf, format="JPEG", quality=JPEG_QUALITY)
         files.append(buf.getvalue())
