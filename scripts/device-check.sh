@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the sidecar, as one script for a lent GPU machine (torch, torchvision and pyarrow, no Java,
 # no Spark, no network). Runs from the repository root without installing: PYTHONPATH=. . Results go to $OUT
-# (or ./device-out). About 5-6 minutes on an H200. Usage: bash scripts/device-check.sh
+# (or ./device-out). About 6-7 minutes on an H200. Usage: bash scripts/device-check.sh
 set -uo pipefail
 out=${OUT:-device-out}
 mkdir -p "$out"
@@ -24,3 +24,6 @@ bench resnet50-r8 --model resnet50 --clients 4 --request-size 8
 bench resnet50-r8-gpu-decode --model resnet50 --clients 4 --request-size 8 --decode gpu
 # Serving alone (issue 17): a near-free model at 224x224, GB/s of pixels into one sidecar from 8 clients.
 bench identity224-r16 --model identity --image-size 224 --clients 8 --request-size 16
+# A detector (issue 18): each image at its own size under the model's rule, as `spark-cnn detect` sends it
+# (ssdlite: 320 x 320); one round keeps the script near 7 minutes.
+bench ssdlite-r4 --model ssdlite320_mobilenet_v3_large --clients 4 --request-size 4 --rounds 1
