@@ -32,7 +32,7 @@ from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.imaging.sizing import sized_pixels
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, SidecarClient, map_ordered
+from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
 from spark_cnn.task.procs import ExecutorProcess, process_id
 from spark_cnn.task.protocol import SizedImages
@@ -43,6 +43,10 @@ BENCH_IMAGES = 32
 # Images each client keeps in flight, as a Spark task does (4 requests of 16 rows): with tiny requests the
 # client sends more of them, so K clients can fill several device batches between them.
 ROWS_IN_FLIGHT_PER_CLIENT = 64
+# Images each client keeps in flight for a detector or segmenter: a detector's reply is up to ~8 KB an image (300
+# boxes), and a client that sends far ahead of reading its replies stalls the sidecar once they fill the socket's
+# buffer (~200 KB) while its queue (SIZED_QUEUED_BATCHES) is full; 16 rows' replies stay under it.
+SIZED_ROWS_IN_FLIGHT_PER_CLIENT = 16
 CLIENT_START_TIMEOUT_S = 120.0
 # (height, width) of a detector's or segmenter's bench photos: square, landscape, portrait and a larger one, so
 # requests and batches mix sizes (all fit the 427 x 640 source photos).
@@ -213,9 +217,7 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
             torch.save(torchvision.models.get_model(cfg.model, weights=None, **dense).state_dict(), weights)
             endpoint = resolve_endpoint(ModelSpec(cfg.model, weights, preprocessing=size), task=task).endpoint
         if endpoint.sized and cfg.max_in_flight is None:
-            # a Spark task's own count: a client that sends far ahead of reading large replies (detections) stalls
-            # the sidecar, whose queue holds only SIZED_QUEUED_BATCHES of such images
-            cfg = replace(cfg, max_in_flight=DEFAULT_MAX_IN_FLIGHT)
+            cfg = replace(cfg, max_in_flight=max(1, SIZED_ROWS_IN_FLIGHT_PER_CLIENT // cfg.request_size))
         if endpoint.sized:  # each at its own size under the model's rule, made as `detect`'s tasks make them
             files = bench_jpegs(BENCH_IMAGES, shapes=DENSE_BENCH_SHAPES)
             images = []
