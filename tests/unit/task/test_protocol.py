@@ -261,3 +261,47 @@ def test_outputs_of_other_shapes_than_one_value_or_vector_per_row_are_refused():
 def test_protocol_kinds_are_distinct_named_values():
     assert len({int(k) for k in Kind}) == len(Kind)
     assert protocol.CONNECTION_REQUEST_ID == 0
+
+
+def _peer_that_writes_before_it_reads(sock: socket.socket, reply: bytes, got: list) -> threading.Thread:
+    """A sidecar holding a connection back: it sends its whole (large) reply before it reads the request."""
+    def run():
+        try:
+            send_frame(sock, Kind.RESULT, 1, reply)
+            got.append(recv_frame(sock))
+        except (OSError, ConnectionClosed):  # the test closed the socket on a peer it left waiting
+            pass
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_large_request_and_a_large_reply_cross_without_both_sides_waiting():
+    request, reply = b"q" * (8 << 20), b"r" * (8 << 20)  # each far beyond a Unix socket's buffer
+    client, sidecar = socket.socketpair()
+    client.settimeout(2.0)
+    got: list = []
+    peer = _peer_that_writes_before_it_reads(sidecar, reply, got)
+    early: list = []
+    protocol.send_frame_reading(client, Kind.INFER, 2, request, early.append)
+    peer.join(timeout=10)
+    assert [(f.kind, f.request_id, bytes(f.payload) == reply) for f in early] == [(Kind.RESULT, 1, True)]
+    assert got[0].request_id == 2 and bytes(got[0].payload) == request
+
+    # sending alone, as before, leaves both sides waiting on full buffers until the timeout
+    client2, sidecar2 = socket.socketpair()
+    client2.settimeout(1.0)
+    _peer_that_writes_before_it_reads(sidecar2, reply, [])
+    with pytest.raises(TimeoutError):
+        send_frame(client2, Kind.INFER, 2, request)
+    for s in (client, sidecar, client2, sidecar2):
+        s.close()
+
+
+def test_a_peer_that_neither_reads_nor_writes_times_the_send_out():
+    client, sidecar = socket.socketpair()
+    client.settimeout(0.5)
+    with pytest.raises(TimeoutError, match="took no bytes"):
+        protocol.send_frame_reading(client, Kind.INFER, 1, b"x" * (8 << 20), lambda frame: None)
+    client.close()
+    sidecar.close()
