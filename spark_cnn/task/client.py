@@ -61,7 +61,6 @@ class SidecarClient(Closing):
         self.socket_path = socket_path
         self.pid = pid  # the sidecar's: from its info file if given, else from its READY; errors name it
         self._ids = itertools.count(1)
-        self._early: deque[protocol.Frame] = deque()  # replies read while a request was being sent
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -125,16 +124,14 @@ class SidecarClient(Closing):
 
     def _send(self, kind: Kind, request_id: int, payload) -> None:
         try:
-            protocol.send_frame_reading(self._sock, kind, request_id, payload, self._early.append)
+            protocol.send_frame(self._sock, kind, request_id, payload)
         except TimeoutError as e:  # the sidecar stopped reading: its socket buffer is full
             raise self._hung() from e
-        except (protocol.ConnectionClosed, OSError) as e:  # BrokenPipeError and friends: the sidecar is gone
+        except OSError as e:  # BrokenPipeError and friends: the sidecar is gone
             raise SidecarLost(f"cannot send to the {self.describe()} ({e}); did it exit? see its "
                               f".log beside the socket") from e
 
     def _recv(self) -> protocol.Frame:
-        if self._early:
-            return self._early.popleft()
         try:
             return protocol.recv_frame(self._sock)
         except TimeoutError as e:

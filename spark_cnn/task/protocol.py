@@ -9,10 +9,8 @@ may keep several INFER requests in flight, each answered by a RESULT or an ERROR
 from __future__ import annotations
 
 import json
-import select
 import socket
 import struct
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from enum import Enum, IntEnum
 
@@ -139,27 +137,6 @@ def send_frame(sock: socket.socket, kind: Kind, request_id: int, payload=b"") ->
     sock.sendall(HEADER.pack(int(kind), request_id, view.nbytes))
     if view.nbytes:
         sock.sendall(view)
-
-
-def send_frame_reading(sock: socket.socket, kind: Kind, request_id: int, payload, on_frame: Callable[[Frame], None]
-                       ) -> None:
-    """`send_frame` to a peer that may be writing to us meanwhile: whenever the socket takes no more bytes but
-    has some to read, one whole frame is read and handed to `on_frame`. The sidecar holds a connection's
-    requests back while its replies wait to be read; a client that only sent would then wait on the sidecar
-    while the sidecar waits on it (large replies, e.g. many boxes per image, fill the socket first).
-    `sock` must have a timeout (its fd is then non-blocking, so `send` takes what fits); none passing without
-    progress raises TimeoutError."""
-    for part in (memoryview(HEADER.pack(int(kind), request_id, memoryview(payload).nbytes)),
-                 memoryview(payload).cast("B")):
-        sent = 0
-        while sent < part.nbytes:
-            readable, writable, _ = select.select([sock], [sock], [], sock.gettimeout())
-            if writable:
-                sent += sock.send(part[sent:])
-            elif readable:
-                on_frame(recv_frame(sock))
-            else:
-                raise TimeoutError(f"the peer took no bytes and sent none within {sock.gettimeout()} s")
 
 
 def send_json(sock: socket.socket, kind: Kind, request_id: int, data: dict) -> None:
