@@ -54,6 +54,22 @@ def slow_echo() -> SlowEcho:
     return SlowEcho()
 
 
+WIDE_ECHO_FACTORY = "tests.sidecar_doubles:wide_echo"
+
+
+class WideEcho(SlowEcho):
+    """(N, 3, H, W) -> (N, 3 * H * W): every pixel times 255, so each row's reply (48 KB) is as large as its request
+    and a few dozen replies fill a socket's buffer, as a detector's boxes can."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.delay_s)
+        return images.flatten(1) * 255.0
+
+
+def wide_echo() -> WideEcho:
+    return WideEcho()
+
+
 FAILING_FACTORY = "tests.sidecar_doubles:fails_on_images"
 FAILING_MESSAGE = "the test model fails on every real image"
 

@@ -32,6 +32,7 @@ from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.imaging.sizing import sized_pixels
 from spark_cnn.models.spec import Endpoint
+from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
 from spark_cnn.task.procs import ExecutorProcess, process_id
@@ -43,9 +44,8 @@ BENCH_IMAGES = 32
 # Images each client keeps in flight, as a Spark task does (4 requests of 16 rows): with tiny requests the
 # client sends more of them, so K clients can fill several device batches between them.
 ROWS_IN_FLIGHT_PER_CLIENT = 64
-# Images each client keeps in flight for a detector or segmenter: a detector's reply is up to ~8 KB an image (300
-# boxes), and a client that sends far ahead of reading its replies stalls the sidecar once they fill the socket's
-# buffer (~200 KB) while its queue (SIZED_QUEUED_BATCHES) is full; 16 rows' replies stay under it.
+# Images each client keeps in flight for a detector or segmenter: such a model runs at a few images/s on a CPU,
+# where 64 images in flight per client would queue each for longer than a measuring round lasts.
 SIZED_ROWS_IN_FLIGHT_PER_CLIENT = 16
 CLIENT_START_TIMEOUT_S = 120.0
 # (height, width) of a detector's or segmenter's bench photos: square, landscape, portrait and a larger one, so
@@ -73,7 +73,9 @@ class SidecarBenchConfig:
 
     @property
     def requests_in_flight(self) -> int:
-        return self.max_in_flight or max(1, ROWS_IN_FLIGHT_PER_CLIENT // self.request_size)
+        """Requests each client keeps in flight: as asked, within what one connection may have unanswered."""
+        wanted = self.max_in_flight or max(1, ROWS_IN_FLIGHT_PER_CLIENT // self.request_size)
+        return min(wanted, protocol.MAX_REQUESTS_IN_FLIGHT)
 
 
 def machine_info(device: str) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,9 @@ PRECISION_PROBE_IMAGES = 256
 MIN_TOP1_AGREEMENT = 0.99
 LABEL_OUTPUTS = ("label", "topk_label")  # the Predictor's outputs that hold class indices
 # Detectors take images in [0, 1] and normalise them themselves.
+# Requests' pixels are views of the received Arrow buffers, read-only; the sidecar only reads them (normalising
+# makes new tensors), so torch's warning about wrapping a read-only array would only alarm whoever reads the log.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 UNIT_SCALE = Preprocessing(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 
 

@@ -57,8 +57,9 @@ SIZED_QUEUED_BATCHES = 2
 WATCH_INTERVAL_S = 0.5
 # Requests one connection may have unanswered; its reader stops reading beyond that, so a client that sends
 # without reading replies (or faster than the device) is held back by its socket instead of filling the
-# sidecar's memory. Tasks keep 4 in flight (client.DEFAULT_MAX_IN_FLIGHT); the bound never slows them.
-MAX_REQUESTS_PER_CONNECTION = 32
+# sidecar's memory. Tasks keep 4 in flight (client.DEFAULT_MAX_IN_FLIGHT); the bound never slows them. READY
+# tells clients the bound: one that kept more in flight would wait on this reader while it waits on them.
+MAX_REQUESTS_PER_CONNECTION = protocol.MAX_REQUESTS_IN_FLIGHT
 # A client has this long to send its HELLO after connecting; one that sends nothing is dropped, so idle
 # connections cannot pile up threads. A real client sends it at once (the model loads after the HELLO).
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -207,7 +208,8 @@ class Connection:
         self.server.job_started(job, service, decode)
         self.send_json(Kind.READY, frame.request_id, {"pid": os.getpid(), "device": str(self.server.device),
                                                       "batch_size": service.target_rows, "decode": decode,
-                                                      "precision": service.runner.precision})
+                                                      "precision": service.runner.precision,
+                                                      "max_in_flight": MAX_REQUESTS_PER_CONNECTION})
         return service, job, decode
 
     def _infer(self, service: ModelService, job: str, decode: str, frame: protocol.Frame) -> None:

@@ -80,6 +80,8 @@ class SidecarClient(Closing):
         self.pid = self.ready.get("pid", pid)
         # Where this connection's images are decoded: as asked, or the sidecar's pick when asked for `auto`.
         self.decode = self.ready.get("decode") or decode
+        # Requests this connection may have unanswered: map_ordered keeps within it (protocol.py says why).
+        self.max_in_flight = int(self.ready.get("max_in_flight", protocol.MAX_REQUESTS_IN_FLIGHT))
 
     def submit(self, images: np.ndarray | list[bytes]) -> int:
         """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""
@@ -160,7 +162,9 @@ def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | l
     The reply is a RecordBatch of outputs or a RequestFailed for that request. Items with `None` images carry
     no work and pass through in order with a `None` reply (markers, e.g. the end of a Spark batch). `items` is
     pulled lazily, so producing the next item (decoding) overlaps with the sidecar's work on earlier ones.
+    `max_in_flight` is capped at the connection's own bound (`client.max_in_flight`, from the sidecar's READY).
     """
+    max_in_flight = max(1, min(max_in_flight, client.max_in_flight))
     pending: deque[tuple[Any, int | None]] = deque()
     replies: dict[int, Any] = {}
     in_flight = 0

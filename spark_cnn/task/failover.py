@@ -58,6 +58,11 @@ class FailoverClient(Closing):
         return self._client.ready
 
     @property
+    def max_in_flight(self) -> int:
+        """Requests the current connection may have unanswered (its sidecar's READY)."""
+        return self._client.max_in_flight
+
+    @property
     def decode(self) -> str:
         """Where this connection's images are decoded: as asked, or the sidecar's pick for `auto`."""
         return self._client.decode

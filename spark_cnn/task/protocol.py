@@ -25,13 +25,21 @@ from spark_cnn.task.run_options import DECODE_CHOICES, DEFAULT_RUN, RunOptions
 
 class Kind(IntEnum):
     HELLO = 1        # client -> sidecar, JSON: Hello.to_json() (token, endpoint, job, decode, run/decode options)
-    READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode)}
+    READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode),
+                     # "max_in_flight" (requests a connection may have unanswered)}
     INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row), "encoded" (file bytes) or
                      # "image" (uint8 pixels of each row's own size, with SIZED_COLUMNS)
     RESULT = 4       # sidecar -> client, Arrow: one row per request row, same order (schema.reply_schema)
     ERROR = 5        # sidecar -> client, JSON: {"message", "kind": ErrorKind}; request id 0: the connection failed
     STATS = 6        # client -> sidecar, JSON: {"job"}
     STATS_REPLY = 7  # sidecar -> client, JSON: sidecar identity and counters for that job
+
+
+# Requests one connection may have unanswered. The sidecar stops reading a connection beyond it, so a client that
+# sends without reading is held back by its socket; a client that keeps more in flight while it sends waits on a
+# sidecar that waits for it to read its replies (both sockets full once replies are large, as a detector's are).
+# The sidecar says its bound in READY; clients keep within it (client.map_ordered).
+MAX_REQUESTS_IN_FLIGHT = 32
 
 
 class ErrorKind(str, Enum):

@@ -19,10 +19,11 @@ import pytest
 from spark_cnn.errors import SidecarHung
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import ensure_sidecar
 from spark_cnn.task.run_options import RunOptions
-from tests.sidecar_doubles import ECHO_PREPROCESSING, SLOW_ECHO_FACTORY, pythonpath_with_repo
+from tests.sidecar_doubles import ECHO_PREPROCESSING, SLOW_ECHO_FACTORY, WIDE_ECHO_FACTORY, pythonpath_with_repo
 from tests.sidecar_harness import fake_app
 
 pytestmark = pytest.mark.e2e
@@ -149,8 +150,11 @@ def test_16_clients_x_2000_requests_every_result_matches_memory_bounded_no_deadl
 
 def test_a_client_that_never_reads_replies_is_held_back_and_others_are_still_served():
     """Backpressure per connection: the sidecar stops reading from a client whose replies pile up, so that
-    client's sends block (here: time out) after a bounded number of requests, and other clients go on."""
+    client's sends block (here: time out) after a bounded number of requests, and other clients go on. A client
+    that asks for twice the bound in flight, with replies far larger than a socket's buffer, is kept within the
+    bound the sidecar states (READY) and finishes: past it, its sends would wait on a sidecar waiting on it."""
     endpoint = resolve_endpoint(ModelSpec(SLOW_ECHO_FACTORY), logits=True).endpoint
+    wide = resolve_endpoint(ModelSpec(WIDE_ECHO_FACTORY), logits=True).endpoint
     with fake_app("flood") as app:
         info = ensure_sidecar(app.options(), app.executor)
         flooder = SidecarClient(info.socket, info.token, endpoint, "flood", run_options=FIXED_BATCH, timeout_s=5.0)
@@ -162,11 +166,22 @@ def test_a_client_that_never_reads_replies_is_held_back_and_others_are_still_ser
                     sent += 1
             with SidecarClient(info.socket, info.token, endpoint, "polite", run_options=FIXED_BATCH) as polite:
                 [(_, reply)] = list(map_ordered(polite, [(1, request_pixels(1, 5))]))
+            with SidecarClient(info.socket, info.token, wide, "greedy", run_options=FIXED_BATCH,
+                               timeout_s=20.0) as greedy:
+                bound = greedy.max_in_flight
+                wide_requests = [(seq, request_pixels(2, seq)[:1]) for seq in range(3 * bound)]
+                wide_replies = list(map_ordered(greedy, wide_requests, max_in_flight=2 * bound))
             rss = rss_mb(info.pid)
         finally:
             flooder.close()
 
     np.testing.assert_array_equal(echoed(reply), request_pixels(1, 5)[:, 0, 0, :].astype(np.int64))
     assert sent < REQUESTS_PER_CLIENT, "the sidecar read every request of a client that took no reply"
+    assert bound == protocol.MAX_REQUESTS_IN_FLIGHT
+    assert [seq for seq, _ in wide_replies] == list(range(3 * bound))
+    for (seq, pixels), (_, wide_reply) in zip(wide_requests, wide_replies, strict=True):
+        echoed_pixels = wide_reply.column("logits").flatten().to_numpy().reshape(1, 3, *pixels.shape[1:3])
+        np.testing.assert_array_equal(np.rint(echoed_pixels).transpose(0, 2, 3, 1), pixels,
+                                      err_msg=f"wide request {seq}")
     print(f"\nflood: a client that never reads got {sent} requests in before its sends blocked; "
           f"sidecar RSS {rss:.0f} MB")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from spark_cnn.errors import SidecarError, SidecarHung, SidecarLost
+from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarFault, map_ordered
 from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.launcher import SidecarKilledStarting
@@ -18,6 +19,7 @@ class FakeConnection:
     def __init__(self, log: list, die_after: int | None = None, hang: bool = False):
         self.log, self.die_after, self.hang = log, die_after, hang
         self.pid, self.socket_path = None, "/nowhere.sock"
+        self.max_in_flight = protocol.MAX_REQUESTS_IN_FLIGHT
         self.pending: list[tuple[int, object]] = []
         self.next_id = 10
         self.replied = 0
