@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-from-pyproject
 
-.PHONY: run test lint unit bench venv java clean
+.PHONY: run test lint unit bench bench-zoo venv java clean
 
 run: venv
 	$(BIN)/spark-cnn demo
@@ -20,6 +20,14 @@ unit: venv
 # All variants, both models, about 15 minutes on a 2-core machine; run it on a quiet machine.
 bench: venv
 	$(BIN)/spark-cnn bench --json docs/bench.json --plot docs/bench.png
+
+# The time model on every torchvision classifier under 9.5 GFLOPs (docs/perf-model.md, "The zoo"): about an hour
+# on a 2-core machine at these batch sizes, resumable (a rerun measures only what docs/zoo.json lacks; more batch
+# sizes or sweeps add only theirs: make bench-zoo ZOO_ARGS="--batch-sizes 1,2,4,8,16,32,64 --sweeps 2").
+# Quiet machine; never part of `make test`.
+ZOO_ARGS ?= --batch-sizes 1,8,32 --sweeps 1
+bench-zoo: venv
+	$(BIN)/spark-cnn validate --zoo $(ZOO_ARGS) --json docs/zoo.json --markdown docs/zoo.md
 
 lint: venv
 	$(BIN)/ruff check .

@@ -155,8 +155,21 @@ def _drive(cfg: SidecarBenchConfig, info, endpoint: Endpoint, options: RunOption
                 proc.kill()
     with SidecarClient(info.socket, info.token, endpoint, job, run_options=options) as client:
         stats = client.stats(job)
+    tuning = stats.get("tuning")
+    # mid-trial the target alternates between two sizes: the tuner's best so far is the one to compare
+    batch_size = tuning["best"] if tuning else stats["batch_size"]
     return {"images_per_s": done / cfg.measure_s, "mean_batch_size": stats["mean_batch_size"],
-            "batch_size": stats["batch_size"], "precision": stats["precision"]}
+            "batch_size": batch_size, "precision": stats["precision"], "tuning": tuning}
+
+
+def _tuning_line(tuning: dict | None) -> str:
+    """The online tuner's state after a round (its service lives on across rounds): where it started, its best
+    size so far, and whether it has settled."""
+    if not tuning:
+        return ""
+    state = "settled" if tuning["settled"] else f"trying {tuning['target']}"
+    return (f"; tuner {tuning['start']} -> {tuning['best']} ({state} after {tuning['batches']} full batches; "
+            f"img/s by size {tuning['observed_images_per_s']})")
 
 
 def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_size: int, images: list,
@@ -249,7 +262,7 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
                 result = _drive(cfg, info, endpoint, options, images)
                 rounds.append({"round": i, "mode": mode, **result})
                 log(f"  round {i} {mode:3s}: {result['images_per_s']:8.1f} img/s, mean batch "
-                    f"{result['mean_batch_size']:.1f}")
+                    f"{result['mean_batch_size']:.1f}{_tuning_line(result['tuning'])}")
         stop_sidecars(app_id)
         on_batch = max(r["batch_size"] for r in rounds if r["mode"] == "on")
         device_only = _device_only(endpoint, info.device, on, on_batch, images if endpoint.sized else sent, cfg)

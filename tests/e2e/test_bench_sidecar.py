@@ -30,5 +30,9 @@ def test_bench_sidecar_reports_on_off_and_device_only(spark_cnn, tmp_path):
     modes = {r["mode"]: r for r in data["rounds"]}
     assert modes["off"]["mean_batch_size"] == 1.0  # each request of one image ran alone
     assert modes["on"]["mean_batch_size"] > 1.0    # requests of two clients were merged
+    # the online tuner sizes the auto batch ("on") and reports its state; a fixed batch ("off") has none
+    assert modes["off"]["tuning"] is None and modes["on"]["tuning"]["batches"] >= 0
+    assert modes["on"]["tuning"]["best"] == data["batch_size"] == modes["on"]["batch_size"]
+    assert "tuner " in result.stdout
     assert "on/off" in result.stdout
     assert _bench_sidecars() == []

@@ -193,3 +193,35 @@ def test_attention_is_priced_by_its_multiply_adds_at_the_gemm_rate():
     us, bound = _Model.of(synthetic_profile()).layer_us(layer, batch, 1.0, 0.0)
     by_hand = 2 * macs * batch / (GFLOPS * 1e3) + CALL_US + out_bytes * batch * US_PER_BYTE  # + what it writes
     assert bound == "compute" and us == pytest.approx(by_hand, rel=0.05)  # the GEMM table's neighbours differ a bit
+
+
+def _make_recipe(target: str) -> tuple[list[str], dict[str, str]]:
+    """The command lines of a Makefile target, and the Makefile's `?=` defaults."""
+    lines = open("Makefile").read().splitlines()
+    defaults = dict(line.split(" ?= ", 1) for line in lines if " ?= " in line)
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    recipe = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.strip())
+    return recipe, {k.strip(): v.strip() for k, v in defaults.items()}
+
+
+def test_the_benchmark_suite_runs_the_zoo_validation_and_make_test_does_not():
+    import argparse
+    import shlex
+
+    from spark_cnn.perf.validate_command import add_arguments
+
+    recipe, defaults = _make_recipe("bench-zoo")
+    assert len(recipe) == 1, recipe
+    words = shlex.split(recipe[0].replace("$(ZOO_ARGS)", defaults["ZOO_ARGS"]))
+    assert words[:2] == ["$(BIN)/spark-cnn", "validate"], words
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(words[2:])  # the options the CLI takes today
+    assert args.zoo and args.json == "docs/zoo.json" and args.markdown == "docs/zoo.md"
+    assert args.max_gflops == zoo.DEFAULT_MAX_GFLOPS and 8 in map(int, args.batch_sizes.split(","))
+    test_recipe, _ = _make_recipe("test")
+    assert not any("zoo" in line or "bench" in line for line in test_recipe), test_recipe

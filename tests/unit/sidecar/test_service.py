@@ -499,21 +499,27 @@ def test_a_batch_shared_by_two_jobs_counts_for_each_with_its_full_size():
 # --- dynamic tuning -----------------------------------------------------------------------------------------------
 
 class ShapedRunner(FakeRunner):
-    """A device whose batch time is 2 ms + 1 ms per row: bigger batches pay off less and less."""
+    """A device whose batch time is `fixed_ms` (2) + 1 ms per row: bigger batches pay off less and less."""
+
+    def __init__(self, fixed_ms: float = 2.0):
+        super().__init__()
+        self.fixed_s = fixed_ms / 1000
 
     def forward(self, staged: Staged) -> Pending:
-        time.sleep(0.002 + 0.001 * len(staged.pixels))
+        time.sleep(self.fixed_s + 0.001 * len(staged.pixels))
         return super().forward(staged)
 
 
 def test_the_online_tuner_moves_the_target_to_the_measured_best():
     from spark_cnn.sidecar.online_tuner import OnlineTuner
 
-    # device img/s by size: 8 -> 800, 16 -> 889, 32 -> 941, 64 -> 970 (the service adds its own per-batch cost)
-    tuner = OnlineTuner(8, window=3, max_size=64)
-    service = ModelService(ShapedRunner(), 8, JobStats(), tuner=tuner, max_delay_s=0.2, max_queued_batches=4)
+    # device img/s by size: 8 -> 571, 16 -> 727, 32 -> 842, 64 -> 914 (the service adds its own per-batch cost):
+    # steps up gain 27%, 16% and 8.5%, the first two far beyond a loaded host's noise
+    tuner = OnlineTuner(8, block=2, rounds=(2, 4), max_size=64)
+    service = ModelService(ShapedRunner(fixed_ms=6), 8, JobStats(), tuner=tuner, max_delay_s=0.2,
+                           max_queued_batches=4)
     conn = RecordingConnection()
-    requests = {i: id_rows(range(i * 100, i * 100 + 4)) for i in range(1, 401)}  # 1,600 rows, always a queue
+    requests = {i: id_rows(range(i * 100, i * 100 + 4)) for i in range(1, 801)}  # 3,200 rows, always a queue
 
     def produce(i: int) -> None:
         submit_all(service, conn, {k: v for k, v in requests.items() if k % 4 == i})
@@ -523,9 +529,9 @@ def test_the_online_tuner_moves_the_target_to_the_measured_best():
     for request_id in requests:
         check_traceable(conn.result(request_id), range(request_id * 100, request_id * 100 + 4))
     observed = {int(size): rate for size, rate in tuner.summary()["observed_images_per_s"].items()}
-    assert tuner.settled and service.target_rows == tuner.target
+    assert tuner.settled and service.target_rows == tuner.target, tuner.summary()
     assert tuner.target >= 32, observed  # the per-batch cost makes bigger batches pay, up to a point
-    assert observed[tuner.target] >= 0.97 * max(observed.values()), observed
+    assert observed[tuner.target] >= 0.9 * max(observed.values()), observed
 
 
 # --- parallel compute threads (CPU sidecars) ----------------------------------------------------------------------
