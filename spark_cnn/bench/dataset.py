@@ -9,6 +9,7 @@ sees the same inputs.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 
@@ -31,8 +32,9 @@ SQUARE = ((BENCH_IMAGE_SIZE, BENCH_IMAGE_SIZE),)
 DETECT_SHAPES = ((320, 320), (240, 427), (400, 300), (360, 480))
 
 
+@functools.cache  # decoding them (PNGs up to 1411 x 1411) costs seconds; every set is cut from the same photos
 def source_photos() -> dict[str, np.ndarray]:
-    """Colour photos (H, W, 3) uint8 at least BENCH_IMAGE_SIZE on each side, by name."""
+    """Colour photos (H, W, 3) uint8 at least BENCH_IMAGE_SIZE on each side, by name (shared: do not modify)."""
     photos = {}
     try:
         import skimage.data
