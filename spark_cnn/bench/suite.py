@@ -32,7 +32,14 @@ from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
 from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
-from spark_cnn.bench.variants import DETECT_VARIANTS, IDENTITY_MODEL, VARIANTS, VariantTask, builder_arguments
+from spark_cnn.bench.variants import (
+    DETECT_VARIANTS,
+    IDENTITY_MODEL,
+    VARIANTS,
+    VariantTask,
+    builder_arguments,
+    is_detector,
+)
 
 DEFAULT_MODELS = ("mobilenet_v3_small", "resnet18")
 # Steady work per variant in the full bench: at least 20 s, so start-up costs fade; sizing from the limit rate
@@ -157,12 +164,6 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
                 _log_result(model, variant, details[variant], log)
             entries.append(_entry(machine, model, images, details))
     return entries
-
-
-def is_detector(model: str) -> bool:
-    import torchvision
-
-    return model in torchvision.models.list_models(module=torchvision.models.detection)
 
 
 def run_detector(model: str, source: str, weights: str | None, config: BenchConfig, workdir: str, machine: str,

@@ -108,12 +108,16 @@ def load_model(name: str, weights: str | None):
     return _MODELS[key]
 
 
-def builder_arguments(name: str) -> dict:
-    """A detection builder loads an ImageNet backbone unless told not to; the saved weights replace it anyway."""
+def is_detector(name: str) -> bool:
+    """A torchvision detection builder's name."""
     import torchvision
 
-    return {"weights_backbone": None} if name in torchvision.models.list_models(
-        module=torchvision.models.detection) else {}
+    return name in torchvision.models.list_models(module=torchvision.models.detection)
+
+
+def builder_arguments(name: str) -> dict:
+    """A detection builder loads an ImageNet backbone unless told not to; the saved weights replace it anyway."""
+    return {"weights_backbone": None} if is_detector(name) else {}
 
 
 def user_transform():
