@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from spark_cnn.bench.cputime import KINDS
+from spark_cnn.bench.detect_check import summary_line
 from spark_cnn.bench.variants import IDENTITY_MODEL, VARIANTS
 from spark_cnn.errors import missing_extra
 
@@ -79,6 +80,8 @@ def table(entry: dict) -> str:
     if ours_detail.get("batch_size"):
         lines.append(f"  spark_cnn: batch size {ours_detail['batch_size']}, mean batch "
                      f"{ours_detail.get('mean_batch_size')}, decode in {ours_detail.get('decode')}")
+    if entry.get("row_check"):
+        lines.append(summary_line(entry["row_check"]))
     return "\n".join(lines + target_lines(entry))
 
 

@@ -9,6 +9,10 @@ kind, divided by its images, is its CPU per image. Whatever a variant leaves run
 `identity` is a near-free model (bench/tiny.py), saved as a TorchScript file that every variant loads as it
 loads a user's model; its limit is the decode-only rate of the cores, so what each variant reaches of it shows
 what the framework itself costs per image.
+
+A detector (a torchvision detection builder) runs spark_cnn's `detect` job against predict_batch_udf on images of
+several shapes (no limit: its model is not one fixed-size forward), then checks that both wrote the same boxes
+(bench/detect_check.py); the classifier-only variants are skipped with one line.
 """
 
 from __future__ import annotations
@@ -24,10 +28,18 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
-from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, input_dir
+from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
+from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
-from spark_cnn.bench.variants import IDENTITY_MODEL, VARIANTS, VariantTask
+from spark_cnn.bench.variants import (
+    DETECT_VARIANTS,
+    IDENTITY_MODEL,
+    VARIANTS,
+    VariantTask,
+    builder_arguments,
+    is_detector,
+)
 
 DEFAULT_MODELS = ("mobilenet_v3_small", "resnet18")
 # Steady work per variant in the full bench: at least 20 s, so start-up costs fade; sizing from the limit rate
@@ -37,6 +49,12 @@ QUICK_IMAGES = 192
 WARMUP_IMAGES = 64  # two partitions' worth: both Python workers start, load their model, reach the sidecar
 ROUND_IMAGES_TO = 64
 VARIANT_TIMEOUT_S = 900
+# A detector's images per variant unless given: ~25 s of ssdlite320 with random weights on 2 CPU cores (~10 img/s,
+# docs/benchmarks.md), so start-up costs fade.
+DETECT_IMAGES = 256
+# A detector's warm-up: enough files for both Python workers to start and load their model, at a detector's
+# ~10 img/s on a CPU.
+DETECT_WARMUP_IMAGES = 16
 
 
 @dataclass(frozen=True)
@@ -79,7 +97,7 @@ def _save_model(model: str, folder: str) -> tuple[str, str | None]:
         return save_identity_torchscript(os.path.join(folder, f"{model}.pt")), None
     torch.manual_seed(0)
     path = os.path.join(folder, f"{model}.pth")
-    torch.save(torchvision.models.get_model(model, weights=None).state_dict(), path)
+    torch.save(torchvision.models.get_model(model, weights=None, **builder_arguments(model)).state_dict(), path)
     return model, path
 
 
@@ -124,6 +142,9 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
             log(ensure_device_profile())
         for model in config.models:
             source, weights = _save_model(model, workdir)
+            if is_detector(model):
+                entries.append(run_detector(model, source, weights, config, workdir, machine, log))
+                continue
             base = VariantTask(variant="limit", model=source, weights=weights, input=input_dir(256, config.data_dir),
                                warmup_input=warmup, images=0, measure_s=1.5 if config.quick else 4.0,
                                limit_batch_sizes=(16,) if config.quick else (8, 16, 32),
@@ -140,20 +161,52 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
                     log(f"{model}: {skipped}")
                     continue
                 details[variant] = run_variant(replace(base, variant=variant, input=folder, images=images), workdir)
-                r = details[variant]
-                rate = "failed" if r["images_per_s"] is None else f"{r['images_per_s']:.1f} img/s"
-                log(f"{model}: {variant:18s} {rate}, peak {r.get('peak_rss_mb')} MB RSS, {r['wall_s']:.0f} s wall"
-                    + (f"  LEFT RUNNING (killed): {r['leftover_processes']}" if r.get("leftover_processes") else "")
-                    + (f"\n{r['error']}" if r.get("error") else ""))
-            entries.append({
-                "machine": machine, "model": model, "images": images,
-                "results": {v: _rounded(details[v].get("images_per_s")) for v in VARIANTS if v in details},
-                "memory_mb": {v: details[v].get("peak_rss_mb") for v in VARIANTS if v in details and v != "limit"},
-                "cpu_ms_per_image": {v: details[v].get("cpu_ms_per_image") for v in VARIANTS
-                                     if v in details and v != "limit"},
-                "details": details,
-            })
+                _log_result(model, variant, details[variant], log)
+            entries.append(_entry(machine, model, images, details))
     return entries
+
+
+def run_detector(model: str, source: str, weights: str | None, config: BenchConfig, workdir: str, machine: str,
+                 log=print) -> dict:
+    """A detector's entry: spark_cnn's detect job and predict_batch_udf on mixed-shape images, and the row check."""
+    skipped = [v for v in config.variants if v not in DETECT_VARIANTS]
+    if skipped:
+        log(f"{model}: skipping {' '.join(skipped)} (classifier variants; a detector runs "
+            f"{' and '.join(DETECT_VARIANTS)} only)")
+    images = config.images or (QUICK_IMAGES if config.quick else DETECT_IMAGES)
+    log(f"{model}: {images} images per variant, shapes {' '.join(f'{h}x{w}' for h, w in DETECT_SHAPES)}")
+    base = VariantTask(variant="spark_cnn", model=source, weights=weights, task="detect", images=images,
+                       input=input_dir(images, config.data_dir, DETECT_SHAPES),
+                       warmup_input=input_dir(DETECT_WARMUP_IMAGES, config.data_dir, DETECT_SHAPES))
+    details, outputs = {}, {}
+    for variant in (v for v in DETECT_VARIANTS if v in config.variants):
+        outputs[variant] = os.path.join(workdir, f"{model}-{variant}-rows")
+        details[variant] = run_variant(replace(base, variant=variant, output=outputs[variant]), workdir)
+        _log_result(model, variant, details[variant], log)
+    entry = _entry(machine, model, images, details)
+    entry["task"] = "detect"
+    if len(outputs) == 2 and all(details[v]["images_per_s"] is not None for v in outputs):
+        entry["row_check"] = check_outputs(outputs["spark_cnn"], outputs["predict_batch_udf"])
+        log(f"{model}:{summary_line(entry['row_check'])}")
+    return entry
+
+
+def _log_result(model: str, variant: str, r: dict, log) -> None:
+    rate = "failed" if r["images_per_s"] is None else f"{r['images_per_s']:.1f} img/s"
+    log(f"{model}: {variant:18s} {rate}, peak {r.get('peak_rss_mb')} MB RSS, {r['wall_s']:.0f} s wall"
+        + (f"  LEFT RUNNING (killed): {r['leftover_processes']}" if r.get("leftover_processes") else "")
+        + (f"\n{r['error']}" if r.get("error") else ""))
+
+
+def _entry(machine: str, model: str, images: int, details: dict) -> dict:
+    return {
+        "machine": machine, "model": model, "images": images,
+        "results": {v: _rounded(details[v].get("images_per_s")) for v in VARIANTS if v in details},
+        "memory_mb": {v: details[v].get("peak_rss_mb") for v in VARIANTS if v in details and v != "limit"},
+        "cpu_ms_per_image": {v: details[v].get("cpu_ms_per_image") for v in VARIANTS
+                             if v in details and v != "limit"},
+        "details": details,
+    }
 
 
 def ensure_device_profile() -> str:

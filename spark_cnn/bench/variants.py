@@ -14,7 +14,13 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 The two Spark baselines run as a user's job would: a SparkSession with Spark's defaults and the binaryFile
 source; spark_cnn runs its classify job with its own session settings (spark/session.py).
 
-Every variant preprocesses alike (RGB, shorter side 256, centre crop 224, ImageNet mean/std) and reports
+A detector (a torchvision detection builder's name) runs two variants only, on images of several shapes:
+spark_cnn's `detect` job and predict_batch_udf written for detection (the model's own size rule applied with
+Pillow, the model called on a list of images, boxes scaled back to each image's pixels, returned as per-row
+arrays since pyspark's struct return types hold arrays of scalars); each keeps its rows for the bench's check
+that both found the same boxes (bench/detect_check.py).
+
+Every classifier variant preprocesses alike (RGB, shorter side 256, centre crop 224, ImageNet mean/std) and reports
 images/s over its measured run only: Spark variants first run the same job on a small warm-up folder, so
 session start, Python workers, model loading and the sidecar's start are not counted. Each also reports that
 run's wall-clock window (`measured_window`, time.time()) and the CPU ticks of the bench's process tree at its
@@ -43,6 +49,8 @@ BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common ch
 MASTER = "local[2]"
 PEER_VARIANTS = ("ray_data", "daft")  # bench/peers.py: Ray Data and Daft, the `peers` extra
 VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", *PEER_VARIANTS, "limit")
+# What a detector is compared with: the others assume fixed-size crops and a (batch, classes) output.
+DETECT_VARIANTS = ("predict_batch_udf", "spark_cnn")
 # The near-free model's name in the bench commands (bench/tiny.py); here, torch-free, for the CLI and the report.
 IDENTITY_MODEL = "identity"
 # Batch sizes the model-only measurement tries at one thread; the limit takes the fastest.
@@ -60,6 +68,8 @@ class VariantTask:
     measure_s: float = 4.0  # limit only: seconds per measurement
     limit_batch_sizes: tuple[int, ...] = LIMIT_BATCH_SIZES
     measure_model: bool = True  # limit only: False for a near-free model, whose limit is decoding alone
+    task: str = "classify"  # or "detect": a torchvision detection builder
+    output: str | None = None  # keep the measured run's rows here (Parquet folder); None: a temporary folder
 
 
 class MeasuredWindow:
@@ -92,10 +102,22 @@ def load_model(name: str, weights: str | None):
         if weights is None:
             model = torch.jit.load(name, map_location="cpu")
         else:
-            model = torchvision.models.get_model(name, weights=None)
+            model = torchvision.models.get_model(name, weights=None, **builder_arguments(name))
             model.load_state_dict(torch.load(weights, weights_only=True))
         _MODELS[key] = model.eval()
     return _MODELS[key]
+
+
+def is_detector(name: str) -> bool:
+    """A torchvision detection builder's name."""
+    import torchvision
+
+    return name in torchvision.models.list_models(module=torchvision.models.detection)
+
+
+def builder_arguments(name: str) -> dict:
+    """A detection builder loads an ImageNet backbone unless told not to; the saved weights replace it anyway."""
+    return {"weights_backbone": None} if is_detector(name) else {}
 
 
 def user_transform():
@@ -117,6 +139,34 @@ def _open_rgb(data: bytes):
 def _top1(logits) -> tuple[np.ndarray, np.ndarray]:
     score, label = logits.softmax(1).max(1)
     return label.int().numpy(), score.float().numpy()
+
+
+def detect_images(model, contents) -> list[dict]:
+    """What a user's detection predict function does with a batch of image files: each decoded with Pillow,
+    resized to the model's own size rule (read from its transform by the product's `detect_sizing`, so both
+    variants send the model the same pixels), the model called on the list, boxes scaled back to each image's
+    pixels. One dict per image: labels (k,), scores (k,), boxes (4k,) flattened x1, y1, x2, y2."""
+    import torch
+    from PIL import Image
+    from torchvision.transforms.functional import to_tensor
+
+    from spark_cnn.models.dense_heads import detect_sizing
+
+    rule, images, sources = detect_sizing(model), [], []
+    for data in contents:
+        image = _open_rgb(data)
+        height, width = rule.target(image.height, image.width)
+        images.append(to_tensor(image.resize((width, height), Image.BILINEAR)))
+        sources.append((image.height, image.width))
+    with torch.inference_mode():
+        found = model(images)
+    rows = []
+    for image, (height, width), out in zip(images, sources, found, strict=True):
+        sy, sx = height / image.shape[1], width / image.shape[2]
+        boxes = out["boxes"].float() * torch.tensor([sx, sy, sx, sy])
+        rows.append({"labels": out["labels"].int().numpy(), "scores": out["scores"].float().numpy(),
+                     "boxes": boxes.flatten().numpy()})
+    return rows
 
 
 # --- bare --------------------------------------------------------------------------------------------------
@@ -189,6 +239,24 @@ def _predict_batch_udf(name: str, weights: str):
         [StructField("label", IntegerType()), StructField("score", FloatType())]))
 
 
+def _predict_batch_udf_detect(name: str, weights: str):
+    """predict_batch_udf for a detector: ragged rows come back as a list of dicts (one per image) of 1-D arrays."""
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql.types import ArrayType, FloatType, IntegerType, StructField, StructType
+
+    def make_predict_fn():
+        model = load_model(name, weights)
+
+        def predict(contents: np.ndarray) -> list[dict]:
+            return detect_images(model, contents)
+
+        return predict
+
+    return predict_batch_udf(make_predict_fn, batch_size=BATCH_SIZE, return_type=StructType(
+        [StructField("labels", ArrayType(IntegerType())), StructField("scores", ArrayType(FloatType())),
+         StructField("boxes", ArrayType(FloatType()))]))
+
+
 def user_session(app_name: str):
     """A SparkSession as a user starts one: Spark's defaults, only pointed at this interpreter (Python workers
     need pyarrow) and with a quiet console."""
@@ -212,14 +280,14 @@ def _run_spark_udf(task: VariantTask, make_udf) -> dict:
         def job(folder: str, out: str) -> float:
             started = time.perf_counter()
             images = spark.read.format("binaryFile").option("recursiveFileLookup", "true").load(folder)
-            (images.select("path", udf("content").alias("p"))
-             .select("path", "p.label", "p.score").write.mode("overwrite").parquet(out))
+            images.select("path", udf("content").alias("p")).select("path", "p.*").write.mode("overwrite").parquet(out)
             return time.perf_counter() - started
 
         job(task.warmup_input, os.path.join(workdir, "warmup"))
+        out = task.output or os.path.join(workdir, "out")
         with MeasuredWindow() as window:
-            elapsed = job(task.input, os.path.join(workdir, "out"))
-        rows = spark.read.parquet(os.path.join(workdir, "out")).count()
+            elapsed = job(task.input, out)
+        rows = spark.read.parquet(out).count()
         return {"images": rows, "elapsed_s": elapsed, **window.result()}
     finally:
         spark.stop()
@@ -231,7 +299,7 @@ def run_row(task: VariantTask) -> dict:
 
 
 def run_predict_batch_udf(task: VariantTask) -> dict:
-    return _run_spark_udf(task, _predict_batch_udf)
+    return _run_spark_udf(task, _predict_batch_udf_detect if task.task == "detect" else _predict_batch_udf)
 
 
 # --- this project ------------------------------------------------------------------------------------------
@@ -239,7 +307,7 @@ def run_predict_batch_udf(task: VariantTask) -> dict:
 def run_spark_cnn(task: VariantTask) -> dict:
     from spark_cnn.config import ClassifyConfig, InferenceOptions
     from spark_cnn.models.spec import ModelSpec
-    from spark_cnn.spark.classify_job import classify
+    from spark_cnn.spark.classify_job import classify, detect
     from spark_cnn.spark.session import spark_session
     from spark_cnn.task.launcher import stop_sidecars
 
@@ -247,14 +315,15 @@ def run_spark_cnn(task: VariantTask) -> dict:
     spark = spark_session(master=MASTER, app_name="bench-spark_cnn", quiet=True)
     try:
         def job(folder: str, out: str) -> dict:
-            config = ClassifyConfig(input=folder, output=os.path.join(workdir, out),
+            config = ClassifyConfig(input=folder, output=out,
                                     inference=InferenceOptions(ModelSpec(task.model, task.weights)), master=MASTER,
                                     quiet=True)
-            return classify(config, spark=spark)
+            return (detect if task.task == "detect" else classify)(config, spark=spark)
 
-        job(task.warmup_input, "warmup")  # starts the sidecar and loads the model: start-up, not measured
+        # starts the sidecar and loads the model: start-up, not measured
+        job(task.warmup_input, os.path.join(workdir, "warmup"))
         with MeasuredWindow() as window:
-            summary = job(task.input, "out")
+            summary = job(task.input, task.output or os.path.join(workdir, "out"))
         sidecars = summary["sidecars"]
         return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
                 "errors": summary["errors"],

@@ -15,8 +15,9 @@ def register(commands) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run (about 2 minutes): mobilenet_v3_small only, few images, short measurements")
     parser.add_argument("--models", nargs="+",
-                        help=f"torchvision models, or identity: a near-free model whose limit is decoding alone "
-                        f"(default: {' '.join(DEFAULT_MODELS)})")
+                        help=f"torchvision models, or identity: a near-free model whose limit is decoding alone; a "
+                        f"detection model (e.g. ssdlite320_mobilenet_v3_large) runs spark_cnn against "
+                        f"predict_batch_udf on images of several shapes (default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--images", type=int, help="images per variant (default: enough for 24 s at the limit rate)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="which variants to run (default: all; ray_data and daft need the peers extra and "
@@ -54,8 +55,9 @@ def _check_models(models: tuple[str, ...]) -> None:
     from spark_cnn.bench.variants import IDENTITY_MODEL
     from spark_cnn.errors import ConfigError
 
-    known = set(torchvision.models.list_models(module=torchvision.models)) | {IDENTITY_MODEL}
+    known = (set(torchvision.models.list_models(module=torchvision.models))
+             | set(torchvision.models.list_models(module=torchvision.models.detection)) | {IDENTITY_MODEL})
     unknown = [m for m in models if m not in known]
     if unknown:
-        raise ConfigError(f"--models {' '.join(unknown)}: not torchvision classification models "
-                          f"(e.g. mobilenet_v3_small, resnet18) nor {IDENTITY_MODEL}")
+        raise ConfigError(f"--models {' '.join(unknown)}: not torchvision classification or detection models "
+                          f"(e.g. mobilenet_v3_small, resnet18, ssdlite320_mobilenet_v3_large) nor {IDENTITY_MODEL}")
