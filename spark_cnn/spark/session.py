@@ -31,6 +31,10 @@ IMAGE_FILE_OPEN_COST_BYTES = 256 << 10
 LOCAL_TASK_MAX_FAILURES = 4
 _LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)\])?")
 LOG4J2_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
+# The JVM's optimising compiler (C2) spent about half of a local job's JVM CPU compiling Spark's per-job paths
+# (0.5-0.7 ms per image over 4,096 images with a near-free model); ten times its thresholds leave those paths to
+# the quick compiler and still compile what is really hot (docs/benchmarks.md, issue 17).
+JIT_THRESHOLD_SCALING = "-XX:CompileThresholdScaling=10"
 
 
 def spark_session(*, master: str | None = None, remote: str | None = None, app_name: str = "spark_cnn",
@@ -62,9 +66,10 @@ def spark_session(*, master: str | None = None, remote: str | None = None, app_n
         "spark.ui.showConsoleProgress": "false" if quiet else "true",
     }
     if SparkSession.getActiveSession() is None and "SPARK_CONF_DIR" not in os.environ:
-        # A readable console: warnings and errors only. Applies when this process starts the driver JVM and
-        # the user has no Spark conf dir of their own (whose spark-defaults would be overridden here).
-        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"
+        # A readable console (warnings and errors only) and less JIT work. Applies when this process starts the
+        # driver JVM and the user has no Spark conf dir of their own (whose spark-defaults would be overridden).
+        settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG} "
+                                                     f"{JIT_THRESHOLD_SCALING}")
     if (remote or os.environ.get(REMOTE_ENV) or "").startswith("sc://"):
         # A server elsewhere has its own static settings (its workers' Python, its console, its JVM): a session
         # sets only SQL settings there (pyspark would warn about each of the others).

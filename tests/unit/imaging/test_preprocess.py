@@ -224,3 +224,21 @@ def test_normalise_leaves_the_input_pixels_untouched():
     pixels = torch.full((1, 4, 4, 3), 200, dtype=torch.uint8)
     normalise(pixels, Preprocessing())
     assert torch.all(pixels == 200)
+
+
+def test_normalise_row_tiled_equals_per_channel_broadcast_bit_for_bit():
+    """The row-tiled fast path gives exactly what (x * scale[c] + shift[c]) per channel gives, channels-last,
+    for a strided (non-contiguous) input too."""
+    prep = Preprocessing()
+    generator = torch.Generator().manual_seed(0)
+    wide = torch.randint(0, 256, (3, 7, 10, 3), dtype=torch.uint8, generator=generator)
+    pixels = wide[:, :, 1:9]  # a view: rows not contiguous
+    scale = torch.tensor([1.0 / (255.0 * s) for s in prep.std]).view(1, 3, 1, 1)
+    shift = torch.tensor([-m / s for m, s in zip(prep.mean, prep.std, strict=True)]).view(1, 3, 1, 1)
+    expected = pixels.permute(0, 3, 1, 2).to(torch.float32).mul_(scale).add_(shift)
+
+    actual = normalise(pixels, prep)
+
+    assert actual.shape == (3, 3, 7, 8)
+    assert actual.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(actual, expected)
