@@ -82,17 +82,14 @@ SHARED_DEMO_DIR_ENV = "SPARK_CNN_TEST_DEMO_DIR"
 
 @pytest.fixture(scope="session")
 def demo_assets():
-    """The demo's digits folder, labels and trained weights, made once (as `make run` does)."""
+    """The demo's digits folder, labels and trained weights (as `make run` makes them), cached per machine and
+    code version (tests/demo_cache.py). Tests read them and never write there."""
     from spark_cnn.models.digits import prepare_demo
+    from tests.demo_cache import cached_demo
 
     if os.environ.get(SHARED_DEMO_DIR_ENV):
-        yield prepare_demo(os.environ[SHARED_DEMO_DIR_ENV])  # the starting run's: made, and removed, by it
-        return
-    workdir = tempfile.mkdtemp(prefix="spark_cnn_demo_")
-    try:
-        yield prepare_demo(workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        return prepare_demo(os.environ[SHARED_DEMO_DIR_ENV])  # the starting run's
+    return cached_demo()
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
-"""`spark-cnn etl` as cron would run it: a first run, new files, a run SIGKILLed midway, a rerun; files unpacked
-with their old modification times, and a copy still in progress while a run lists INPUT. Every image must end
-up in the output exactly once, with its complete content."""
+"""`spark-cnn etl` as cron would run it: a first run while a copy is still in progress, new files and files
+unpacked with their old modification times, a run SIGKILLed midway, a rerun. Every image must end up in the output
+exactly once, with its complete content. One history in one test: each run starts its own Spark."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tests.sample_images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.e2e
 
-SETTLE_S = 2  # --settle-seconds of the runs that meet a copy in progress
+SETTLE_S = 2  # --settle-seconds of the runs: the copy in progress changes more often than this
 CHUNK_EVERY_S = 0.1  # the slow copy appends a chunk this often: its file never stays unchanged for SETTLE_S
 
 
@@ -57,67 +57,25 @@ def _processes_in_group(pgid: int) -> list[int]:
     return found
 
 
-def test_killed_run_then_rerun_lands_every_image_exactly_once(demo_assets, tmp_path):
+def _settle(paths: list[str]) -> None:
+    """Modification times a minute back: settled for the runs, as files copied long before would be."""
+    for path in paths:
+        os.utime(path, (time.time() - 60, time.time() - 60))
+
+
+def test_copy_in_progress_unpacked_old_files_and_a_killed_run_land_every_image_exactly_once(demo_assets, tmp_path):
+    """One cron history, each run a real `spark-cnn etl`: a first run meets a copy in progress (it waits), then new
+    arrivals and an archive unpacked with 2001 modification times come in, a run in small micro-batches is
+    SIGKILLed midway, and the rerun takes exactly what the killed run had not committed."""
     source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
     sidecars_before = {s.pid for s in find_sidecars()}
     expected = _add_digits(demo_assets, source, 0, 2)
     write_files(source, broken_files())
     expected += [os.path.join(source, rel) for rel in broken_files()]
+    _settle(expected)
     command = [os.path.join(BIN, "spark-cnn"), "etl", source, output, "--checkpoint", checkpoint,
                "--model", DIGITS_FACTORY, "--weights", demo_assets.weights, "--labels", demo_assets.labels,
-               "--master", "local[2]", "--settle-seconds", "0"]
-
-    first = run_command([*command, "--summary", str(tmp_path / "first.json")])
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "new images  23" in first.stdout and "checkpoint  file://" in first.stdout
-    assert json.loads((tmp_path / "first.json").read_text())["errors"] == 3
-
-    # New arrivals, then a run in small micro-batches killed (SIGKILL, driver and its JVM) after two of them.
-    expected += _add_digits(demo_assets, source, 2, 3)
-    write_files(source, {"late/empty.jpg": b""})
-    expected.append(os.path.join(source, "late/empty.jpg"))
-    killed = subprocess.Popen([*command, "--max-files-per-trigger", "3", "--quiet"], start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        while not os.path.exists(os.path.join(checkpoint, "done", "2")) and killed.poll() is None:
-            assert time.monotonic() < deadline, "the second run never committed two micro-batches"
-            time.sleep(0.05)
-    finally:
-        os.killpg(killed.pid, signal.SIGKILL)
-        killed.wait(timeout=30)
-    assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed midway"
-    deadline = time.monotonic() + 30
-    while _processes_in_group(killed.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _processes_in_group(killed.pid) == [], "the killed driver left processes (its JVM) behind"
-    committed = {int(n) for n in os.listdir(os.path.join(checkpoint, "done")) if n.isdigit()}
-    batches = pq.read_table(output, columns=["batch"]).column("batch").to_pylist()
-    done_before_rerun = sum(1 for b in batches if b in committed)  # a batch written but not committed is redone
-    assert 23 < done_before_rerun < len(expected), "the kill was not midway through the new files"
-
-    rerun = run_command([*command, "--summary", str(tmp_path / "rerun.json")])
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    summary = json.loads((tmp_path / "rerun.json").read_text())
-    assert summary["images"] == len(expected) - done_before_rerun  # only what the killed run had not committed
-    rows = _rows_per_path(output)
-    assert sorted(rows) == sorted(expected)
-    assert set(rows.values()) == {1}, {p: n for p, n in rows.items() if n != 1}
-
-    deadline = time.monotonic() + 30
-    while {s.pid for s in find_sidecars()} - sidecars_before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert {s.pid for s in find_sidecars()} - sidecars_before == set(), "a sidecar outlived its run"
-
-
-def test_unpacked_old_files_and_a_copy_in_progress_land_exactly_once_and_whole(demo_assets, tmp_path):
-    source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
-    command = [os.path.join(BIN, "spark-cnn"), "etl", source, output, "--checkpoint", checkpoint,
-               "--model", DIGITS_FACTORY, "--weights", demo_assets.weights, "--labels", demo_assets.labels,
-               "--master", "local[2]", "--settle-seconds", str(SETTLE_S), "--quiet"]
-    expected = _add_digits(demo_assets, source, 0, 1)
-    for path in expected:  # settled before the first run lists them
-        os.utime(path, (time.time() - 60, time.time() - 60))
+               "--master", "local[2]", "--settle-seconds", str(SETTLE_S)]
 
     # A copy in progress during the whole first run: a chunk every CHUNK_EVERY_S, the rest once the run is over.
     photo = real_image_files()["photos/china.jpg"]
@@ -145,13 +103,18 @@ def test_unpacked_old_files_and_a_copy_in_progress_land_exactly_once_and_whole(d
         first_done.set()
         writer.join()
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "new images  23" in first.stdout and "checkpoint  file://" in first.stdout
     summary = json.loads((tmp_path / "first.json").read_text())
-    assert (summary["images"], summary["errors"], summary["waiting"]) == (len(expected), 0, 1)
+    assert (summary["images"], summary["errors"], summary["waiting"]) == (23, 3, 1)
 
-    # An archive of images from 2001, unpacked with their modification times (`tar x`, as `cp -p` or `rsync -a`):
-    # far older than everything the first run took.
+    # New arrivals, and an archive of images from 2001 unpacked with their modification times (`tar x`, as
+    # `cp -p` or `rsync -a`): far older than everything the first run took.
+    arrivals = _add_digits(demo_assets, source, 2, 3)
+    write_files(source, {"late/empty.jpg": b""})
+    arrivals.append(os.path.join(source, "late/empty.jpg"))
+    _settle(arrivals)
     old = str(tmp_path / "old")
-    old_files = _add_digits(demo_assets, old, 1, 1)
+    old_files = _add_digits(demo_assets, old, 5, 1)
     for path in old_files:
         os.utime(path, (datetime(2001, 1, 1, tzinfo=timezone.utc).timestamp(),) * 2)
     with tarfile.open(tmp_path / "old.tar", "w") as archive:
@@ -159,13 +122,43 @@ def test_unpacked_old_files_and_a_copy_in_progress_land_exactly_once_and_whole(d
     assert subprocess.run(["tar", "-xf", str(tmp_path / "old.tar"), "-C", source]).returncode == 0
     unpacked = [os.path.join(source, "unpacked", os.path.relpath(p, old)) for p in old_files]
     assert os.path.getmtime(unpacked[0]) < time.time() - 86400 * 365
-    expected += [*unpacked, copying]
-
+    expected += [*arrivals, *unpacked, copying]
     time.sleep(SETTLE_S)  # the finished copy settles
-    second = run_command([*command, "--summary", str(tmp_path / "second.json")])
-    assert second.returncode == 0, second.stderr[-3000:]
-    summary = json.loads((tmp_path / "second.json").read_text())
-    assert (summary["images"], summary["errors"], summary["waiting"]) == (len(unpacked) + 1, 0, 0)
+
+    # A run in small micro-batches killed (SIGKILL, driver and its JVM) after two of them.
+    killed = subprocess.Popen([*command, "--max-files-per-trigger", "3", "--quiet"], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not os.path.exists(os.path.join(checkpoint, "done", "2")) and killed.poll() is None:
+            assert time.monotonic() < deadline, "the second run never committed two micro-batches"
+            time.sleep(0.05)
+    finally:
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=30)
+    assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed midway"
+    deadline = time.monotonic() + 30
+    while _processes_in_group(killed.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_in_group(killed.pid) == [], "the killed driver left processes (its JVM) behind"
+    committed = {int(n) for n in os.listdir(os.path.join(checkpoint, "done")) if n.isdigit()}
+    batches = pq.read_table(output, columns=["batch"]).column("batch").to_pylist()
+    done_before_rerun = sum(1 for b in batches if b in committed)  # a batch written but not committed is redone
+    assert 23 < done_before_rerun < len(expected), "the kill was not midway through the new files"
+
+    rerun = run_command([*command, "--summary", str(tmp_path / "rerun.json")])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    summary = json.loads((tmp_path / "rerun.json").read_text())
+    assert summary["images"] == len(expected) - done_before_rerun  # only what the killed run had not committed
+    assert summary["waiting"] == 0
     rows = _rows_per_path(output)
     assert sorted(rows) == sorted(expected)
     assert set(rows.values()) == {1}, {p: n for p, n in rows.items() if n != 1}
+    errors = {row["path"].removeprefix("file:"): row["error"] for row in
+              pq.read_table(output, columns=["path", "error"]).to_pylist()}
+    assert errors[copying] is None and all(errors[p] is None for p in unpacked)  # whole, once the copy was done
+
+    deadline = time.monotonic() + 30
+    while {s.pid for s in find_sidecars()} - sidecars_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {s.pid for s in find_sidecars()} - sidecars_before == set(), "a sidecar outlived its run"

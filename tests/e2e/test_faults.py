@@ -1,8 +1,8 @@
 """Faults during real `spark-cnn classify` runs, each compared with the clean output of the same input (computed
 in-process by the same decoding and model code, tests/fault_tools.py: a clean Spark run of it is compared in
 tests/integration/test_job_faults.py):
-an executor JVM killed under local-cluster, an injected device out-of-memory, a sidecar that hangs (SIGSTOP)
-under local[2,2] (Spark retries a failed task once)."""
+an executor JVM killed under local-cluster; under local[2,2] (Spark retries a failed task once), an injected device
+out-of-memory in every sidecar and a sidecar that hangs (SIGSTOP), in one run."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV
 from spark_cnn.task.procs import ProcessId, is_alive
-from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
+from tests.e2e.conftest import BIN, JOB_TIMEOUT_S
 from tests.fault_tools import (
     argument,
     assert_same_output,
@@ -120,29 +120,17 @@ def test_killed_executor_jvm_tasks_rerun_its_sidecar_exits_output_exact(demo_ass
           f"at the kill, its sidecar exited {exited_after:.2f} s after, job {summary['elapsed_s']:.1f} s")
 
 
-def test_injected_out_of_memory_halves_the_batch_and_the_output_is_exact(demo_assets, digits, clean, tmp_path):
-    output = str(tmp_path / "out")
-    env = {**os.environ, INJECT_OOM_ENV: str(OOM_ABOVE_ROWS)}
-    result = run_command(classify_args(demo_assets, digits, output, "--master", "local[2]", "--batch-size", "16"),
-                         env=env)
-
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert_same_output(clean, read_rows(output))
-    summary = _summary(output)
-    assert summary["batch_size"] == OOM_ABOVE_ROWS and summary["errors"] == 3
-    assert all(s["oom_backoffs"] >= 1 and s["errors"] == 0 for s in summary["sidecars"]), summary["sidecars"]
-    print(f"\ninjected OOM: rows in {IMAGES}, rows out {summary['images']}, batch 16 -> {summary['batch_size']}, "
-          f"back-offs {sum(s['oom_backoffs'] for s in summary['sidecars'])}, job {summary['elapsed_s']:.1f} s")
-
-
-def test_hung_sidecar_fails_the_task_naming_it_and_the_retry_succeeds(demo_assets, digits, clean, tmp_path,
-                                                                       small_partitions):
+def test_hung_sidecar_fails_the_task_naming_it_and_the_retry_succeeds_under_injected_out_of_memory(
+        demo_assets, digits, clean, tmp_path, small_partitions):
+    """Two faults in one run (each run starts its own Spark): every sidecar's device runs out of memory above
+    OOM_ABOVE_ROWS rows (it halves its batches from 16), and one sidecar hangs (SIGSTOP) mid-job."""
     output = str(tmp_path / "out")
     runtime = os.environ[RUNTIME_DIR_ENV]
     before = set(sidecar_processes(runtime))
     # local[2,2]: two cores, and a failed task is tried once more.
-    job = _watch_job(classify_args(demo_assets, digits, output, "--master", "local[2,2]",
-                                   "--request-timeout", str(HANG_TIMEOUT_S)), env=small_partitions)
+    job = _watch_job(classify_args(demo_assets, digits, output, "--master", "local[2,2]", "--batch-size", "16",
+                                   "--request-timeout", str(HANG_TIMEOUT_S)),
+                     env={**small_partitions, INJECT_OOM_ENV: str(OOM_ABOVE_ROWS)})
     try:
         assert wait_for(lambda: committed_tasks(output) >= 1 and set(sidecar_processes(runtime)) - before,
                         JOB_TIMEOUT_S), "the job committed no task"
@@ -164,5 +152,9 @@ def test_hung_sidecar_fails_the_task_naming_it_and_the_retry_succeeds(demo_asset
     assert_same_output(clean, rows)
     summary = _summary(output)
     assert hung not in {s["pid"] for s in summary["sidecars"]} or len(summary["sidecars"]) > 1
+    assert summary["batch_size"] == OOM_ABOVE_ROWS and summary["errors"] == 3
+    assert all(s["oom_backoffs"] >= 1 and s["errors"] == 0 for s in summary["sidecars"]), summary["sidecars"]
     print(f"\nhung sidecar: rows in {IMAGES}, rows out {len(rows)}, duplicates 0, new sidecar "
-          f"{replaced_after:.1f} s after SIGSTOP (timeout {HANG_TIMEOUT_S} s), job {summary['elapsed_s']:.1f} s")
+          f"{replaced_after:.1f} s after SIGSTOP (timeout {HANG_TIMEOUT_S} s), job {summary['elapsed_s']:.1f} s; "
+          f"injected OOM: batch 16 -> {summary['batch_size']}, "
+          f"back-offs {sum(s['oom_backoffs'] for s in summary['sidecars'])}")

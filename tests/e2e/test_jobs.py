@@ -54,70 +54,42 @@ def test_demo_prints_the_report_and_reaches_accuracy(spark_cnn, demo_assets, tmp
 
 
 def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, demo_assets, tmp_path):
-    folder = _subset(demo_assets, str(tmp_path / "in"), per_class=30)
-    write_files(folder, broken_files())
-    summary_path = tmp_path / "summary.json"
-    result = spark_cnn("classify", folder, str(tmp_path / "out"), "--model", "spark_cnn.models.digits:digits_cnn",
-                       "--weights", demo_assets.weights, "--labels", demo_assets.labels,
-                       "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == ""  # --quiet
-
-    summary = json.loads(summary_path.read_text())
-    assert summary["images"] == 303 and summary["errors"] == 3 and summary["accuracy"] >= 0.95
-    sidecars = summary["sidecars"]
-    assert len(sidecars) == 2, sidecars
-    assert sorted(s["executor"] for s in sidecars) == ["0", "1"]
-    assert len({s["pid"] for s in sidecars}) == 2
-    assert sum(s["images"] for s in sidecars) == 300  # the three broken files never reach a sidecar
-    assert _wait_until_gone(summary["app_id"]) == [], "a sidecar outlived its executor"
-
-    rows = pq.read_table(str(tmp_path / "out")).to_pylist()
-    assert len(rows) == 303 and len({r["path"] for r in rows}) == 303
-
-    # Images at their own sizes go the same way: a detector, one sidecar per executor, errors as rows.
-    few = _subset(demo_assets, str(tmp_path / "few"), per_class=1)
+    """Images at their own sizes (a detector) under local-cluster: one sidecar per executor, errors as rows, nothing
+    left after. Classify on several executors: the standalone cluster (test_standalone_cluster.py) and the
+    executor kill under local-cluster (test_faults.py)."""
+    few = _subset(demo_assets, str(tmp_path / "few"), per_class=2)
     write_files(few, broken_files())
+    summary_path = tmp_path / "summary.json"
     result = spark_cnn("detect", few, str(tmp_path / "boxes"), "--model", TINY_DETECTOR, "--max-detections", "3",
                        "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == ""  # --quiet
     summary = json.loads(summary_path.read_text())
-    assert summary["images"] == 13 and summary["errors"] == 3
-    assert sorted(s["executor"] for s in summary["sidecars"]) == ["0", "1"], summary["sidecars"]
+    assert summary["images"] == 23 and summary["errors"] == 3
+    sidecars = summary["sidecars"]
+    assert sorted(s["executor"] for s in sidecars) == ["0", "1"], sidecars
+    assert len({s["pid"] for s in sidecars}) == 2
+    assert sum(s["images"] for s in sidecars) == 20  # the three broken files never reach a sidecar
     assert _wait_until_gone(summary["app_id"]) == [], "a detector's sidecar outlived its executor"
-    boxes = [r["detections"] for r in pq.read_table(str(tmp_path / "boxes")).to_pylist() if r["error"] is None]
-    assert len(boxes) == 10 and all(len(found) == 3 for found in boxes)
+    rows = pq.read_table(str(tmp_path / "boxes")).to_pylist()
+    assert len(rows) == 23 and len({r["path"] for r in rows}) == 23
+    boxes = [r["detections"] for r in rows if r["error"] is None]
+    assert len(boxes) == 20 and all(len(found) == 3 for found in boxes)
 
 
 @pytest.mark.spark35
-def test_spark_submit_runs_the_same_job(demo_assets, tmp_path):
+def test_spark_submit_runs_the_embed_job(demo_assets, tmp_path):
     """The README's line, as written, from the repository root with nothing activated or set: `spark-cnn submit`
-    finds pyspark's Spark and runs the driver and the workers on this interpreter."""
-    folder = _subset(demo_assets, str(tmp_path / "in"), per_class=3)
+    finds pyspark's Spark and runs the driver and the workers on this interpreter. A plain `spark-submit` of the
+    classify job: test_standalone_cluster.py and test_presets.py."""
+    folder = write_files(_subset(demo_assets, str(tmp_path / "in"), per_class=2), broken_files())
     script = os.path.join(BIN, "spark-cnn")  # the pyspark 3.5 environment has no console script: -m there
     command = [script] if os.path.exists(script) else [sys.executable, "-m", "spark_cnn"]
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env["PATH"] = "/usr/bin:/bin"  # no venv on PATH: `python3` is the system's, as in a fresh shell
-    result = run_command([*command, "submit", "--master", "local[2]", "jobs/classify.py", folder,
+    result = run_command([*command, "submit", "--master", "local[2]", "jobs/embed.py", folder,
                           str(tmp_path / "out"), "--model", "spark_cnn.models.digits:digits_cnn",
-                          "--weights", demo_assets.weights, "--labels", demo_assets.labels], env=env, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "images      30" in result.stdout
-    summary = json.loads((tmp_path / "out" / "_summary.json").read_text())
-    assert summary["images"] == 30 and summary["errors"] == 0
-    assert _wait_until_gone(summary["app_id"]) == []
-
-
-def test_spark_submit_embed_job_writes_one_vector_per_file(demo_assets, tmp_path):
-    import pyspark
-
-    spark_submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
-    folder = write_files(_subset(demo_assets, str(tmp_path / "in"), per_class=2), broken_files())
-    job = os.path.join(os.path.dirname(__file__), "..", "..", "jobs", "embed.py")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    result = run_command([spark_submit, "--master", "local[2]", job, folder, str(tmp_path / "out"),
-                          "--model", "spark_cnn.models.digits:digits_cnn", "--weights", demo_assets.weights,
-                          "--layer", "features"], env=env)
+                          "--weights", demo_assets.weights, "--layer", "features"], env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "images      23" in result.stdout and "errors      3" in result.stdout
     table = pq.read_table(tmp_path / "out")
@@ -127,6 +99,7 @@ def test_spark_submit_embed_job_writes_one_vector_per_file(demo_assets, tmp_path
         assert len(row["embedding"]) == 32 if row["error"] is None else row["embedding"] is None
     assert sum(r["error"] is not None for r in rows) == 3
     summary = json.loads((tmp_path / "out" / "_summary.json").read_text())
+    assert summary["images"] == 23 and summary["errors"] == 3
     assert _wait_until_gone(summary["app_id"]) == []
 
 

@@ -63,3 +63,18 @@ def test_each_env_has_its_own_cache_folder(tmp_path, monkeypatch):
     assert PETASTORM_ENV.cache_root() != SPARK35_ENV.cache_root()
     monkeypatch.setenv(SPARK35_ENV.cache_root_env, str(tmp_path))
     assert SPARK35_ENV.directory() == os.path.join(str(tmp_path), SPARK35_ENV.key())
+
+
+def test_the_cached_demo_is_keyed_by_the_sources_it_is_made_from(tmp_path, monkeypatch):
+    from tests import demo_cache
+
+    package = tmp_path / "spark_cnn"
+    for rel in ("models/digits.py", "models/tensors.py", "imaging/decode.py", "imaging/readme.txt"):
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_text(f"# {rel}\n")
+    monkeypatch.setattr(demo_cache, "PACKAGE", str(package))
+    first = demo_cache.demo_key()
+    (package / "imaging" / "readme.txt").write_text("not a source\n")
+    assert demo_cache.demo_key() == first
+    (package / "imaging" / "decode.py").write_text("# the decoder changed\n")
+    assert demo_cache.demo_key() != first
