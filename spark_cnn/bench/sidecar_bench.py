@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from spark_cnn.bench.tiny import IDENTITY_FACTORY
-from spark_cnn.bench.variants import IDENTITY_MODEL
+from spark_cnn.bench.variants import IDENTITY_MODEL, bench_task, random_torchvision
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.imaging.samples import bench_jpegs
@@ -85,17 +85,6 @@ def machine_info(device: str) -> str:
 
         return f"{torch.cuda.get_device_name(torch.device(device))}; {cpu}"
     return cpu
-
-
-def bench_task(model: str) -> str:
-    """What a bench model does: detect or segment (torchvision's detection and segmentation builders), else
-    classify."""
-    import torchvision
-
-    for task, module in (("detect", torchvision.models.detection), ("segment", torchvision.models.segmentation)):
-        if model in torchvision.models.list_models(module=module):
-            return task
-    return "classify"
 
 
 def take_images(images: list, start: int, count: int):
@@ -207,7 +196,6 @@ def _device_only(endpoint: Endpoint, device: str, options: RunOptions, batch_siz
 def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
     """Run the benchmark; returns the JSON document (keys `on`, `off`, `device_only`, images/s, and context)."""
     import torch
-    import torchvision
 
     from spark_cnn.models.resolve import resolve_endpoint
     from spark_cnn.models.spec import ModelSpec
@@ -227,9 +215,7 @@ def run_sidecar_bench(cfg: SidecarBenchConfig, log=print) -> dict:
             endpoint = resolve_endpoint(ModelSpec(IDENTITY_FACTORY, preprocessing=size)).endpoint
         else:
             weights = os.path.join(workdir, f"{cfg.model}.pt")
-            # a dense model's backbone stays random too: never a download
-            dense = {} if task == "classify" else {"weights_backbone": None}
-            torch.save(torchvision.models.get_model(cfg.model, weights=None, **dense).state_dict(), weights)
+            torch.save(random_torchvision(cfg.model).state_dict(), weights)
             endpoint = resolve_endpoint(ModelSpec(cfg.model, weights, preprocessing=size), task=task).endpoint
         if endpoint.sized and cfg.max_in_flight is None:
             cfg = replace(cfg, max_in_flight=max(1, SIZED_ROWS_IN_FLIGHT_PER_CLIENT // cfg.request_size))

@@ -37,8 +37,8 @@ from spark_cnn.bench.variants import (
     IDENTITY_MODEL,
     VARIANTS,
     VariantTask,
-    builder_arguments,
-    is_detector,
+    bench_task,
+    random_torchvision,
 )
 
 DEFAULT_MODELS = ("mobilenet_v3_small", "resnet18")
@@ -89,7 +89,6 @@ def _save_model(model: str, folder: str) -> tuple[str, str | None]:
     """(model source, weights file) every variant reloads: random torchvision weights saved once, or the
     near-free model as a TorchScript file (no weights file)."""
     import torch
-    import torchvision
 
     if model == IDENTITY_MODEL:
         from spark_cnn.bench.tiny import save_identity_torchscript
@@ -97,7 +96,7 @@ def _save_model(model: str, folder: str) -> tuple[str, str | None]:
         return save_identity_torchscript(os.path.join(folder, f"{model}.pt")), None
     torch.manual_seed(0)
     path = os.path.join(folder, f"{model}.pth")
-    torch.save(torchvision.models.get_model(model, weights=None, **builder_arguments(model)).state_dict(), path)
+    torch.save(random_torchvision(model).state_dict(), path)
     return model, path
 
 
@@ -142,7 +141,7 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
             log(ensure_device_profile())
         for model in config.models:
             source, weights = _save_model(model, workdir)
-            if is_detector(model):
+            if bench_task(model) == "detect":
                 entries.append(run_detector(model, source, weights, config, workdir, machine, log))
                 continue
             base = VariantTask(variant="limit", model=source, weights=weights, input=input_dir(256, config.data_dir),

@@ -97,27 +97,34 @@ def load_model(name: str, weights: str | None):
     key = (name, weights)
     if key not in _MODELS:
         import torch
-        import torchvision
 
         if weights is None:
             model = torch.jit.load(name, map_location="cpu")
         else:
-            model = torchvision.models.get_model(name, weights=None, **builder_arguments(name))
+            model = random_torchvision(name)
             model.load_state_dict(torch.load(weights, weights_only=True))
         _MODELS[key] = model.eval()
     return _MODELS[key]
 
 
-def is_detector(name: str) -> bool:
-    """A torchvision detection builder's name."""
+def bench_task(name: str) -> str:
+    """What a bench model does: detect or segment (torchvision's detection and segmentation builders), else
+    classify."""
     import torchvision
 
-    return name in torchvision.models.list_models(module=torchvision.models.detection)
+    for task, module in (("detect", torchvision.models.detection), ("segment", torchvision.models.segmentation)):
+        if name in torchvision.models.list_models(module=module):
+            return task
+    return "classify"
 
 
-def builder_arguments(name: str) -> dict:
-    """A detection builder loads an ImageNet backbone unless told not to; the saved weights replace it anyway."""
-    return {"weights_backbone": None} if is_detector(name) else {}
+def random_torchvision(name: str):
+    """A torchvision model with random weights; a detector's or segmenter's backbone stays random too (never
+    the ImageNet download: the bench's saved weights replace it anyway)."""
+    import torchvision
+
+    dense = {} if bench_task(name) == "classify" else {"weights_backbone": None}
+    return torchvision.models.get_model(name, weights=None, **dense)
 
 
 def user_transform():

@@ -11,10 +11,10 @@ from PIL import Image
 from spark_cnn.bench.sidecar_bench import (
     DENSE_BENCH_SHAPES,
     SidecarBenchConfig,
-    bench_task,
     run_sidecar_bench,
     take_images,
 )
+from spark_cnn.bench.variants import bench_task
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.imaging.sizing import SizeRule, sized_pixels
