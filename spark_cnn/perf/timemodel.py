@@ -298,6 +298,7 @@ class _Model:
                  math.log(g["us"] / self._gemm_base_us(g["rows"], g["in_features"], g["out_features"])))
                 for g in profile.gemm]
         self.gemm = (np.stack([f for f, _ in gemm]), np.array([y for _, y in gemm])) if gemm else None
+        self.gemm_max_rows = max((g["rows"] for g in profile.gemm), default=1)
 
     # interpolation
 
@@ -374,7 +375,10 @@ class _Model:
         base = self._gemm_base_us(rows, k, n)
         if self.gemm is None:
             return base
-        return base * math.exp(self._idw(self.gemm, self._gemm_features(rows, k, n), GEMM_FEATURE_WEIGHTS))
+        # beyond the largest calibrated row count a GEMM's rate no longer grows with its rows (gemm_bench):
+        # read it there rather than at a distance that makes every row count look alike
+        query = self._gemm_features(min(rows, self.gemm_max_rows), k, n)
+        return base * math.exp(self._idw(self.gemm, query, GEMM_FEATURE_WEIGHTS))
 
     def _linear_us(self, layer: LayerCost, batch: int) -> tuple[float, str]:
         s = layer.shape
