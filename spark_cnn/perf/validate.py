@@ -35,7 +35,7 @@ from spark_cnn import errors
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
-from spark_cnn.models.tensors import normalise
+from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.timing import (
     CLOCKS,
     DEFAULT_BATCH_SIZES,
@@ -131,6 +131,7 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
             return result
 
     def one_pass() -> dict[str, float]:
+        flush_denormals()  # as the sidecar's runner computes
         interpreter = Timed(graph)
         interpreter.times, interpreter.seen, interpreter.count = {}, set(), {}
         with torch.inference_mode():

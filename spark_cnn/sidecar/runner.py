@@ -24,7 +24,7 @@ from spark_cnn.models.dense_heads import DetectionPredictor, SegmentationPredict
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.models.tensors import normalise
+from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.tracing import FX_GATE
 from spark_cnn.sidecar.fault_injection import (
     INJECT_MODEL_FAULT_ENV,
@@ -227,6 +227,8 @@ class ModelRunner:
             raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
         if self._model_fault is not None:
             raise model_fault_error(self._model_fault)
+        if not self.cuda:
+            flush_denormals()  # the compute thread's flag; a no-op once set
         if isinstance(staged.pixels, SizedImages):
             return self._forward_sized(staged)
         with FX_GATE.forward(), self._lock, torch.inference_mode():  # never while another model is fx-traced

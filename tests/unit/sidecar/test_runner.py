@@ -137,6 +137,32 @@ def test_fp32_run_equals_a_direct_torch_forward(endpoint, pixels, reference, fp3
     assert np.all(np.diff(fp32_out["topk_score"], axis=1) <= 0), "top-k scores must be in descending order"
 
 
+def test_a_cpu_forward_flushes_subnormals_in_the_thread_that_runs_it(endpoint, pixels):
+    # A subnormal operand costs an x86 core a microcode assist: swin's masked attention ran 1.27x slower
+    # with them (models/tensors.flush_denormals). The flag is per thread; each thread here starts without it.
+    import threading
+
+    def subnormal_survives() -> bool:
+        return (torch.tensor([1e-39], dtype=torch.float32) * 1.0).item() != 0.0
+
+    seen = {}
+
+    def plain() -> None:
+        torch.set_flush_denormal(False)
+        seen["plain"] = subnormal_survives()
+
+    def in_runner_thread() -> None:
+        torch.set_flush_denormal(False)
+        ModelRunner(endpoint, CPU).run(pixels[:2])
+        seen["after_forward"] = subnormal_survives()
+
+    for work in (plain, in_runner_thread):
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    assert seen == {"plain": True, "after_forward": False}
+
+
 def test_the_runners_outputs_make_its_reply_rows(endpoint, fp32_out):
     runner = ModelRunner(endpoint, CPU)
 
