@@ -213,6 +213,8 @@ def analyse(module: nn.Module, input_shape: tuple[int, ...] = DEFAULT_INPUT_SHAP
         raise ModelError(f"{type(module).__name__} has its parameters on the meta device: analyse runs the module, "
                          "so give it real weights first, e.g. module.to_empty(device='cpu')")
     image = torch.zeros((1, *input_shape), device=device, dtype=dtype)
+    if image.dim() == 4:  # the layout the sidecar computes in: a convolution's input layout changes its kernel
+        image = image.contiguous(memory_format=torch.channels_last)
     training = [(m, m.training) for m in module.modules()]
     module.eval()
     try:

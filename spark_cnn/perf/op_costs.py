@@ -263,7 +263,16 @@ def _convolution(c: OpCall) -> OpCost:
         "in_channels": x.shape[1], "out_channels": y.shape[1], "kernel": tuple(w.shape[2:]),
         "stride": _spatial(c.arg("stride"), dims), "padding": _spatial(c.arg("padding"), dims),
         "dilation": _spatial(c.arg("dilation"), dims), "groups": int(c.arg("groups")),
-        "in_hw": tuple(x.shape[2:]), "out_hw": tuple(y.shape[2:]), "bias": bias is not None, "macs": macs})
+        "in_hw": tuple(x.shape[2:]), "out_hw": tuple(y.shape[2:]), "bias": bias is not None, "macs": macs,
+        **({"nchw": True} if _nchw(x) else {})})
+
+
+def _nchw(x: torch.Tensor) -> bool:
+    """Whether a 4-D activation is laid out NCHW where channels-last was possible: the layout a model's own
+    `.contiguous()` leaves (shufflenet's channel shuffle), on which depthwise convolutions run 2 to 3 times
+    their channels-last time (docs/perf-model.md, "The zoo")."""
+    return (x.dim() == 4 and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1
+            and not x.is_contiguous(memory_format=torch.channels_last))
 
 
 def _matmul(c: OpCall, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> OpCost:

@@ -129,8 +129,9 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
 
 def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
     """What prices `layer` at `batch`: a convolution's class ("conv:conv", "conv:pointwise",
-    "conv:pointwise_gemm", "conv:depthwise", "conv:grouped"; "conv:squeeze" for a 1x1 convolution on one
-    pixel, squeeze-excitation's), else its op ("relu", "hardswish", "layer_norm", "contiguous", ...)."""
+    "conv:pointwise_gemm", "conv:depthwise", "conv:depthwise_nchw" on an NCHW input, "conv:grouped";
+    "conv:squeeze" for a 1x1 convolution on one pixel, squeeze-excitation's), else its op ("relu",
+    "hardswish", "layer_norm", "contiguous", ...)."""
     if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
         shape = _conv_shape(layer, batch, profile)
         if shape.kernel == (1, 1) and shape.out_hw == (1, 1):
@@ -227,9 +228,9 @@ def _pair(value: Any) -> tuple[int, int]:
     return (value[0], value[0]) if len(value) == 1 else (value[0], value[1])
 
 
-def _conv_class(cin: int, cout: int, kernel: tuple[int, int], groups: int, backend: str) -> str:
+def _conv_class(cin: int, cout: int, kernel: tuple[int, int], groups: int, backend: str, nchw: bool = False) -> str:
     if groups > 1 and groups == cin:
-        return "depthwise"
+        return "depthwise_nchw" if nchw else "depthwise"
     if groups > 1:
         return "grouped"
     if kernel == (1, 1):
@@ -241,13 +242,13 @@ class _ConvShape:
     """A convolution's features for interpolation and its padded FLOPs per image."""
 
     def __init__(self, cin: int, cout: int, kernel: tuple[int, int], stride: tuple[int, int], groups: int,
-                 in_hw: tuple[int, int], out_hw: tuple[int, int], batch: int, backend: str):
+                 in_hw: tuple[int, int], out_hw: tuple[int, int], batch: int, backend: str, nchw: bool = False):
         self.cin, self.cout, self.kernel, self.stride, self.groups = cin, cout, kernel, stride, groups
         self.in_hw, self.out_hw, self.batch, self.backend = in_hw, out_hw, batch, backend
-        self.klass = _conv_class(cin, cout, kernel, groups, backend)
+        self.klass = _conv_class(cin, cout, kernel, groups, backend, nchw)
         blocked = backend == "mkldnn"
         cin_g = cin // groups
-        if self.klass == "depthwise":
+        if self.klass.startswith("depthwise"):
             channels = _padded(cout, blocked)
             self.flops = 2 * channels * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
         else:
@@ -285,7 +286,7 @@ class _Model:
         by_class: dict[str, list[tuple[np.ndarray, float]]] = {}
         for p in profile.conv:
             shape = _ConvShape(p["cin"], p["cout"], (p["kernel"],) * 2, (p["stride"],) * 2, p["groups"],
-                               (p["in_hw"],) * 2, (p["out_hw"],) * 2, p["batch"], p["backend"])
+                               (p["in_hw"],) * 2, (p["out_hw"],) * 2, p["batch"], p["backend"], p.get("nchw", False))
             fixed = self._conv_fixed_us(shape)
             per_image = max(p["us"] - fixed, 0.1 * p["us"]) / p["batch"]
             by_class.setdefault(shape.klass, []).append((shape.features, math.log(per_image / shape.flops)))
@@ -353,7 +354,8 @@ class _Model:
 
     def _conv_us(self, layer: LayerCost, batch: int, fault_us: float) -> tuple[float, str]:
         shape = _conv_shape(layer, batch, self.profile)
-        points = self.conv_classes.get(shape.klass) or self.conv_classes.get("*")
+        points = (self.conv_classes.get(shape.klass) or self.conv_classes.get(_CLASS_FALLBACK.get(shape.klass, "*"))
+                  or self.conv_classes.get("*"))
         fixed = self._conv_fixed_us(shape)
         if points is None:
             work = batch * shape.flops / NOMINAL_FLOPS_PER_US
@@ -431,7 +433,11 @@ def _conv_shape(layer: LayerCost, batch: int, profile: DeviceProfile) -> _ConvSh
     cin, cout, groups = int(s["in_channels"]), int(s["out_channels"]), int(s.get("groups", 1))
     backend = "cuda" if profile.is_cuda else conv_backend(cin, kernel, stride, dilation, groups, batch, in_hw,
                                                            profile.threads)
-    return _ConvShape(cin, cout, kernel, stride, groups, in_hw, out_hw, batch, backend)
+    return _ConvShape(cin, cout, kernel, stride, groups, in_hw, out_hw, batch, backend, bool(s.get("nchw")))
+
+
+# A class without calibrated points (a profile whose budget ended before them) is read from its nearest kin.
+_CLASS_FALLBACK = {"depthwise_nchw": "depthwise"}
 
 
 # --- page faults (spark_cnn.perf.heap replays the allocations) -----------------------------------------------

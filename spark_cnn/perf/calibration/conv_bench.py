@@ -15,8 +15,8 @@ from torch import nn
 
 from spark_cnn.perf.calibration.harness import Bench, fresh
 
-__all__ = ["CONV_BATCHES", "CONV_GRID", "CUDA_CONV_BATCHES", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW",
-           "POINTWISE_ONEDNN_BATCH", "conv_backend", "time_convolutions"]
+__all__ = ["CONV_BATCHES", "CONV_GRID", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES", "DEPTHWISE_NCHW_GRID",
+           "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW", "POINTWISE_ONEDNN_BATCH", "conv_backend", "time_convolutions"]
 
 # Timed at a small and a medium batch: per-image time changes with the batch (weights are reordered once per
 # call; large activations leave the cache), and the time model interpolates in between.
@@ -59,6 +59,11 @@ CONV_GRID: tuple[tuple[int, int, int, int, int, int], ...] = (
     (1024, 1024, 1, 1, 1, 7), (832, 256, 1, 1, 1, 7), (480, 192, 1, 1, 1, 14), (192, 16, 1, 1, 1, 28),
     (116, 116, 1, 1, 1, 28), (232, 232, 3, 1, 232, 14), (58, 58, 1, 1, 1, 28), (24, 24, 3, 2, 24, 112),
 )
+# Depthwise convolutions on an NCHW input (the layout a model's own `.contiguous()` leaves, as shufflenet's
+# channel shuffle does): 2 to 3 times their channels-last time, so a class of their own, timed at every batch.
+DEPTHWISE_NCHW_GRID = ((96, 96, 3, 1, 96, 56), (144, 144, 3, 2, 144, 56), (240, 240, 3, 1, 240, 28),
+                       (480, 480, 3, 2, 480, 28), (1152, 1152, 3, 1, 1152, 7), (32, 32, 3, 1, 32, 112))
+DEPTHWISE_NCHW_BATCHES = (1, 8, LARGE_CONV_BATCH)
 # Weight reordering: 3x3 convolutions on one pixel (almost no arithmetic) with 0.15 to 9.4 MiB of weights.
 CONV_WEIGHT_PROBES = (64, 192, 512)
 
@@ -79,19 +84,21 @@ def conv_backend(cin: int, kernel: tuple[int, ...], stride: tuple[int, ...], dil
 
 
 def _conv_point(bench: Bench, cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int,
-                batch: int, threads: int) -> dict[str, Any]:
+                batch: int, threads: int, nchw: bool = False) -> dict[str, Any]:
     conv = nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2, groups=groups, bias=False).eval()
     conv.to(bench.device)
     if bench.cuda:  # the runner converts CUDA models to channels-last; CPU models keep their NCHW weights
         conv.to(memory_format=torch.channels_last)
     x = bench.tensor(batch, cin, in_hw, in_hw)
+    if nchw:
+        x = x.contiguous()
     timing = bench.time(conv, fresh(x))
     out_hw = (in_hw + 2 * (kernel // 2) - kernel) // stride + 1
     backend = "cuda" if bench.cuda else conv_backend(cin, (kernel, kernel), (stride, stride), (1, 1), groups, batch,
                                                      (in_hw, in_hw), threads)
     return {"cin": cin, "cout": cout, "kernel": kernel, "stride": stride, "groups": groups, "in_hw": in_hw,
             "out_hw": out_hw, "batch": batch, "backend": backend, "us": round(bench.us_without_faults(timing), 2),
-            "faults": min(timing.faults)}
+            "faults": min(timing.faults), **({"nchw": True} if nchw else {})}
 
 
 def _large_batch(cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int) -> bool:
@@ -102,7 +109,7 @@ def _large_batch(cin: int, cout: int, kernel: int, stride: int, groups: int, in_
 def time_convolutions(bench: Bench, threads: int) -> tuple[list[dict], float, float]:
     """The fixed cost per call, the grid at CONV_BATCHES (and pointwise at the oneDNN batch), then, in a
     section of its own so that a small budget keeps the whole grid at the smaller batches first, the shapes
-    with small outputs at LARGE_CONV_BATCH (CPU only)."""
+    with small outputs at LARGE_CONV_BATCH (CPU only) and depthwise convolutions on NCHW inputs."""
     weight_points = []
     for channels in CONV_WEIGHT_PROBES:  # first, so a tiny budget still fits the fixed cost
         conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False).eval().to(bench.device)
@@ -120,9 +127,11 @@ def time_convolutions(bench: Bench, threads: int) -> tuple[list[dict], float, fl
     for shape_points in bench.points("conv", work):
         for *shape, batch in shape_points:
             points.append(_conv_point(bench, *shape, batch=batch, threads=threads))
-    large = [] if bench.cuda else [shape for shape in CONV_GRID if _large_batch(*shape)]
-    for shape in bench.points("conv_large", large):
-        points.append(_conv_point(bench, *shape, batch=LARGE_CONV_BATCH, threads=threads))
+    large = [] if bench.cuda else [(shape, LARGE_CONV_BATCH, False) for shape in CONV_GRID if _large_batch(*shape)]
+    large += [(shape, batch, True) for shape in DEPTHWISE_NCHW_GRID
+              for batch in (CUDA_CONV_BATCHES if bench.cuda else DEPTHWISE_NCHW_BATCHES)]
+    for shape, batch, nchw in bench.points("conv_large", large):
+        points.append(_conv_point(bench, *shape, batch=batch, threads=threads, nchw=nchw))
     return points, call_us, weight_us
 
 

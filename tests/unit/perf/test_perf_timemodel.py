@@ -38,6 +38,7 @@ from spark_cnn.perf.timemodel import (
     HEADS_LAYER,
     MODULES_LAYER,
     NORMALISE_LAYER,
+    layer_kind,
     predict_batch_ms,
     predict_layers_ms,
     predict_peak_memory_bytes,
@@ -339,6 +340,49 @@ def test_linear_on_tokens_reads_the_token_gemms_at_their_largest_row_count():
     assert ratio(with_tokens, 8) == pytest.approx(0.6, rel=0.03)
     assert ratio(with_tokens, 1) == pytest.approx(0.6, rel=0.03)
     assert ratio(synthetic_profile(), 8) > 0.8  # without them: read from the classifier shapes' 64 rows
+
+
+class ShuffleThenDepthwise(nn.Module):
+    """shufflenet's pattern: a channel shuffle made contiguous leaves NCHW, and the depthwise convolution after
+    it runs on that layout."""
+
+    def __init__(self, shuffle: bool):
+        super().__init__()
+        self.shuffle = shuffle
+        self.depthwise = nn.Conv2d(96, 96, 3, padding=1, groups=96, bias=False)
+
+    def forward(self, x):
+        if self.shuffle:
+            n, c, h, w = x.shape
+            x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.depthwise(x)
+
+
+def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
+    # The NCHW points (calibration's DEPTHWISE_NCHW_GRID) of a device where depthwise work on NCHW runs 3x
+    # slower than on channels-last; both tables follow the law, so each prediction is countable by hand.
+    nchw_points = []
+    for in_hw in (14, 56):
+        for batch in (1, 8, LARGE_CONV_BATCH):
+            out_hw, us = _conv_us(96, 96, 3, 1, 96, in_hw, batch)
+            nchw_points.append({"cin": 96, "cout": 96, "kernel": 3, "stride": 1, "groups": 96, "in_hw": in_hw,
+                                "out_hw": out_hw, "batch": batch, "backend": "mkldnn", "us": 20.0 + 3 * (us - 20.0),
+                                "faults": 0, "nchw": True})
+    profile = synthetic_profile(conv=synthetic_conv() + tuple(nchw_points), conv_weight_us_per_mib=0.0)
+    plain, shuffled = (analyse(ShuffleThenDepthwise(shuffle), (96, 28, 28)) for shuffle in (False, True))
+    (cl_layer,) = [layer for layer in plain.layers if layer.op == "conv2d"]
+    (nchw_layer,) = [layer for layer in shuffled.layers if layer.op == "conv2d"]
+    assert "nchw" not in cl_layer.shape and nchw_layer.shape["nchw"] is True
+    assert layer_kind(nchw_layer, 8, profile) == "conv:depthwise_nchw"
+    assert layer_kind(cl_layer, 8, profile) == "conv:depthwise"
+
+    def ms(cost, layer, p):
+        return {lay.name: t for lay, t, _ in predict_layers_ms(cost, p, 8)}[layer.name]
+    work_ms = 2 * 96 * 28 * 28 * 9 * 8 / (GFLOPS * 1e6)  # depthwise: 2 x channels x pixels x kernel, 8 images
+    assert ms(plain, cl_layer, profile) == pytest.approx(0.020 + work_ms, rel=0.05)
+    assert ms(shuffled, nchw_layer, profile) == pytest.approx(0.020 + 3 * work_ms, rel=0.05)
+    # a profile without NCHW points (a small budget) reads the channels-last ones
+    assert ms(shuffled, nchw_layer, synthetic_profile()) == pytest.approx(ms(plain, cl_layer, profile), rel=0.01)
 
 
 def test_time_grows_with_batch_and_threads_change_the_backend(profile, digits_cost):
