@@ -33,6 +33,7 @@ from spark_cnn.perf.calibration.conv_bench import (
     POINTWISE_ONEDNN_BATCH,
 )
 from spark_cnn.perf.calibration.gemm_bench import GEMM_ROWS, TOKEN_ROWS
+from spark_cnn.perf.calibration.harness import Bench, Budget, Timing
 from spark_cnn.perf.layers import LayerCost, analyse
 from spark_cnn.perf.timemodel import (
     HEADS_LAYER,
@@ -198,6 +199,16 @@ def test_measure_counts_calls_and_passes_fresh_arguments():
     assert seen == list(range(6))  # each call got its own fresh argument
     assert timing.best_s <= timing.median_s and timing.spread >= 0
     assert timing.best_without_faults_s(1.0) >= 0.05 * timing.best_s
+
+
+def test_calibration_prices_a_point_at_its_typical_call_without_its_faults():
+    # calls of 10, 12, 30 and 11 us; the 12 us call faulted 4 pages at 0.5 us each
+    timing = Timing(seconds=(10e-6, 12e-6, 30e-6, 11e-6), faults=(0, 4, 0, 0))
+    bench = Bench(torch.device("cpu"), Budget(1.0))
+    bench.fault_us = 0.5
+    assert bench.us_without_faults(timing) == pytest.approx(11.0)  # of 10, 10, 11, 30: the upper median
+    assert timing.best_without_faults_s(0.5e-6) == pytest.approx(10e-6)
+    assert Timing(seconds=(0.2, 0.1), faults=(0, 0)).typical_without_faults_s(0.0) == 0.2  # two long calls
 
 
 # --- torch's convolution backend ---------------------------------------------------------------------------
