@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 
 import pyarrow.parquet as pq
@@ -77,14 +76,12 @@ def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, d
     assert len(boxes) == 20 and all(len(found) == 3 for found in boxes)
 
 
-@pytest.mark.spark35
 def test_spark_submit_runs_the_embed_job(demo_assets, tmp_path):
     """The README's line, as written, from the repository root with nothing activated or set: `spark-cnn submit`
     finds pyspark's Spark and runs the driver and the workers on this interpreter. A plain `spark-submit` of the
     classify job: test_standalone_cluster.py and test_presets.py."""
     folder = write_files(_subset(demo_assets, str(tmp_path / "in"), per_class=2), broken_files())
-    script = os.path.join(BIN, "spark-cnn")  # the pyspark 3.5 environment has no console script: -m there
-    command = [script] if os.path.exists(script) else [sys.executable, "-m", "spark_cnn"]
+    command = [os.path.join(BIN, "spark-cnn")]
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env["PATH"] = "/usr/bin:/bin"  # no venv on PATH: `python3` is the system's, as in a fresh shell
     result = run_command([*command, "submit", "--master", "local[2]", "jobs/embed.py", folder,
