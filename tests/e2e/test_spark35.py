@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tests.conftest import SHARED_DEMO_DIR_ENV
-from tests.e2e.cached_env import EnvBuildError
+from tests.e2e.cached_env import python_or_fail
 from tests.e2e.spark35_env import spark35_python
 
 pytestmark = pytest.mark.e2e
@@ -32,10 +32,7 @@ INNER_TIMEOUT_S = 900
 
 @pytest.fixture(scope="module")
 def spark35() -> str:
-    try:
-        return spark35_python()
-    except EnvBuildError as e:
-        pytest.fail(str(e), pytrace=False)
+    return python_or_fail(spark35_python)
 
 
 def _environment(**extra: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, Digits
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.classify_job import classify
 from spark_cnn.spark.petastorm_job import to_petastorm
-from tests.e2e.cached_env import EnvBuildError, cached_python
+from tests.e2e.cached_env import EnvBuildError, cached_python, python_or_fail
 from tests.e2e.conftest import run_command
 from tests.e2e.petastorm_env import PETASTORM_ENV, petastorm_python
 
@@ -42,10 +42,7 @@ DIGITS_PER_CLASS = 6
 
 @pytest.fixture(scope="module")
 def petastorm_env() -> str:
-    try:
-        return petastorm_python()
-    except EnvBuildError as e:
-        pytest.fail(str(e), pytrace=False)
+    return python_or_fail(petastorm_python)
 
 
 def _run_in_env(python: str, script: str, *args: str) -> None:
