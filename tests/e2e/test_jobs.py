@@ -1,5 +1,5 @@
-"""The jobs as users run them: the demo (`make run`), `spark-cnn submit` of a preset, local-cluster with one sidecar
-per executor."""
+"""The jobs as users run them: the demo (`make run`), `spark-cnn submit` of a preset. Several executors, one sidecar
+each: test_standalone_cluster.py (the detector) and test_faults.py (classify, an executor killed)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_cnn.models.digits import DIGITS_FACTORY
-from spark_cnn.models.tiny_dense import TINY_DETECTOR
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from tests.e2e.conftest import BIN, run_command
 from tests.sample_images import broken_files, write_files
@@ -52,30 +51,6 @@ def test_demo_prints_the_report_and_reaches_accuracy(spark_cnn, demo_assets, tmp
     summary = json.loads(summary_path.read_text())
     assert summary["images_per_s"] > 0 and summary["batch_size"] in (1, 2, 4, 8, 16, 32, 64)
     assert _wait_until_gone(summary["app_id"]) == [], "a sidecar outlived the demo"
-
-
-def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, demo_assets, tmp_path):
-    """Images at their own sizes (a detector) under local-cluster: one sidecar per executor, errors as rows, nothing
-    left after. Classify on several executors: the standalone cluster (test_standalone_cluster.py) and the
-    executor kill under local-cluster (test_faults.py)."""
-    few = _subset(demo_assets, str(tmp_path / "few"), per_class=2)
-    write_files(few, broken_files())
-    summary_path = tmp_path / "summary.json"
-    result = spark_cnn("detect", few, str(tmp_path / "boxes"), "--model", TINY_DETECTOR, "--max-detections", "3",
-                       "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == ""  # --quiet
-    summary = json.loads(summary_path.read_text())
-    assert summary["images"] == 23 and summary["errors"] == 3
-    sidecars = summary["sidecars"]
-    assert sorted(s["executor"] for s in sidecars) == ["0", "1"], sidecars
-    assert len({s["pid"] for s in sidecars}) == 2
-    assert sum(s["images"] for s in sidecars) == 20  # the three broken files never reach a sidecar
-    assert _wait_until_gone(summary["app_id"]) == [], "a detector's sidecar outlived its executor"
-    rows = pq.read_table(str(tmp_path / "boxes")).to_pylist()
-    assert len(rows) == 23 and len({r["path"] for r in rows}) == 23
-    boxes = [r["detections"] for r in rows if r["error"] is None]
-    assert len(boxes) == 20 and all(len(found) == 3 for found in boxes)
 
 
 def test_spark_cnn_submit_runs_a_preset_with_flags_over_preset_over_spark_conf(demo_assets, tmp_path):
