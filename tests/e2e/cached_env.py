@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 DEFAULT_CACHE_PARENT = os.path.join(os.path.expanduser("~"), ".cache", "spark_cnn")
@@ -100,3 +101,13 @@ def _step(env: PinnedEnv, env_dir: str, command: list[str]) -> None:
 def _base_python() -> str:
     """The interpreter this venv was made from (a venv of a venv would inherit nothing, but is slower to find)."""
     return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def python_or_fail(build: Callable[[], str]) -> str:
+    """`build()`'s interpreter, or the calling test fails with the build's message alone (no traceback)."""
+    import pytest
+
+    try:
+        return build()
+    except EnvBuildError as e:
+        pytest.fail(str(e), pytrace=False)

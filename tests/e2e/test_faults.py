@@ -31,9 +31,11 @@ from tests.sample_images import broken_files, digits_subset, write_files
 
 pytestmark = pytest.mark.e2e
 
-IMAGES = 603  # 60 digits per class and three broken files: ~19 tasks with SMALL_PARTITIONS
-# Spark's split size for these jobs: partitions of ~32 images, so that a job still has tasks to run after its
-# first commit (at the default split, 603 tiny files make two tasks that finish together; and at least 20
+# 30 digits per class and three broken files: ~20 tasks of ~15 images with SMALL_PARTITIONS, so a fault lands with
+# many tasks still to run (twice the images only made each task longer).
+IMAGES = 303
+# Spark's split size for these jobs: partitions of ~15 images, so that a job still has tasks to run after its
+# first commit (at the default split, a few hundred tiny files make two tasks that finish together; and at least 20
 # partitions, which the listing's merging of small files keeps).
 SMALL_PARTITIONS = "spark.sql.files.maxPartitionBytes 8m\nspark.sql.files.minPartitionNum 20\n"
 # The executor's sidecar polls its JVM every 0.5 s; on a loaded host it must still notice within this.
@@ -44,7 +46,7 @@ OOM_ABOVE_ROWS = 4
 
 @pytest.fixture(scope="module")
 def digits(demo_assets, tmp_path_factory) -> str:
-    folder = digits_subset(demo_assets, str(tmp_path_factory.mktemp("digits")), per_class=60)
+    folder = digits_subset(demo_assets, str(tmp_path_factory.mktemp("digits")), per_class=30)
     return write_files(folder, broken_files())
 
 

@@ -1,17 +1,17 @@
-"""The jobs as users run them: the demo (`make run`), spark-submit, local-cluster with one sidecar per executor."""
+"""The jobs as users run them: the demo (`make run`), `spark-cnn submit` of a preset. Several executors, one sidecar
+each: test_standalone_cluster.py (the detector) and test_faults.py (classify, an executor killed)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import sys
 import time
 
 import pyarrow.parquet as pq
 import pytest
 
-from spark_cnn.models.tiny_dense import TINY_DETECTOR
+from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.task.procs import ProcessId, cmdline, is_alive
 from tests.e2e.conftest import BIN, run_command
 from tests.sample_images import broken_files, write_files
@@ -53,53 +53,32 @@ def test_demo_prints_the_report_and_reaches_accuracy(spark_cnn, demo_assets, tmp
     assert _wait_until_gone(summary["app_id"]) == [], "a sidecar outlived the demo"
 
 
-def test_local_cluster_runs_one_sidecar_per_executor_and_none_after(spark_cnn, demo_assets, tmp_path):
-    """Images at their own sizes (a detector) under local-cluster: one sidecar per executor, errors as rows, nothing
-    left after. Classify on several executors: the standalone cluster (test_standalone_cluster.py) and the
-    executor kill under local-cluster (test_faults.py)."""
-    few = _subset(demo_assets, str(tmp_path / "few"), per_class=2)
-    write_files(few, broken_files())
-    summary_path = tmp_path / "summary.json"
-    result = spark_cnn("detect", few, str(tmp_path / "boxes"), "--model", TINY_DETECTOR, "--max-detections", "3",
-                       "--master", "local-cluster[2,1,1024]", "--summary", str(summary_path), "--quiet")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout == ""  # --quiet
-    summary = json.loads(summary_path.read_text())
-    assert summary["images"] == 23 and summary["errors"] == 3
-    sidecars = summary["sidecars"]
-    assert sorted(s["executor"] for s in sidecars) == ["0", "1"], sidecars
-    assert len({s["pid"] for s in sidecars}) == 2
-    assert sum(s["images"] for s in sidecars) == 20  # the three broken files never reach a sidecar
-    assert _wait_until_gone(summary["app_id"]) == [], "a detector's sidecar outlived its executor"
-    rows = pq.read_table(str(tmp_path / "boxes")).to_pylist()
-    assert len(rows) == 23 and len({r["path"] for r in rows}) == 23
-    boxes = [r["detections"] for r in rows if r["error"] is None]
-    assert len(boxes) == 20 and all(len(found) == 3 for found in boxes)
-
-
-@pytest.mark.spark35
-def test_spark_submit_runs_the_embed_job(demo_assets, tmp_path):
+def test_spark_cnn_submit_runs_a_preset_with_flags_over_preset_over_spark_conf(demo_assets, tmp_path):
     """The README's line, as written, from the repository root with nothing activated or set: `spark-cnn submit`
-    finds pyspark's Spark and runs the driver and the workers on this interpreter. A plain `spark-submit` of the
-    classify job: test_standalone_cluster.py and test_presets.py."""
+    finds pyspark's Spark and runs the driver and the workers on this interpreter. Its job is a preset
+    (`jobs/run.py`) whose options also come from `--conf spark.cnn.*` and from flags: flag > preset > Spark conf >
+    default. A plain `spark-submit`: test_standalone_cluster.py and test_presets.py; the embed job's rows:
+    tests/integration/test_notebook_api.py."""
     folder = write_files(_subset(demo_assets, str(tmp_path / "in"), per_class=2), broken_files())
-    script = os.path.join(BIN, "spark-cnn")  # the pyspark 3.5 environment has no console script: -m there
-    command = [script] if os.path.exists(script) else [sys.executable, "-m", "spark_cnn"]
+    output, preset = tmp_path / "out", tmp_path / "digits.yaml"
+    preset.write_text(f"job: classify\ninput: {folder}\noutput: {output}\nmodel: {DIGITS_FACTORY}\n"
+                      f"weights: {demo_assets.weights}\nlabels: {demo_assets.labels}\ntop-k: 2\ndevice: cuda\n")
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env["PATH"] = "/usr/bin:/bin"  # no venv on PATH: `python3` is the system's, as in a fresh shell
-    result = run_command([*command, "submit", "--master", "local[2]", "jobs/embed.py", folder,
-                          str(tmp_path / "out"), "--model", "spark_cnn.models.digits:digits_cnn",
-                          "--weights", demo_assets.weights, "--layer", "features"], env=env, cwd=ROOT)
+    result = run_command([os.path.join(BIN, "spark-cnn"), "submit", "--master", "local[2]",
+                          "--conf", "spark.cnn.topK=4", "--conf", "spark.cnn.batchSize=4",
+                          "--conf", "spark.cnn.device=cuda:1", "jobs/run.py", str(preset), "--device", "cpu",
+                          "--quiet"], env=env, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "images      23" in result.stdout and "errors      3" in result.stdout
-    table = pq.read_table(tmp_path / "out")
-    assert table.column_names == ["path", "embedding", "error"] and table.num_rows == 23
-    rows = table.to_pylist()
-    for row in rows:  # `features` of the digits CNN: 32 channels, averaged over space
-        assert len(row["embedding"]) == 32 if row["error"] is None else row["embedding"] is None
-    assert sum(r["error"] is not None for r in rows) == 3
-    summary = json.loads((tmp_path / "out" / "_summary.json").read_text())
+    assert result.stdout == ""  # --quiet
+    summary = json.loads((output / "_summary.json").read_text())
     assert summary["images"] == 23 and summary["errors"] == 3
+    assert summary["batch_size"] == 4  # Spark conf over the default (auto)
+    assert [s["device"] for s in summary["sidecars"]] == ["cpu"]  # the flag over preset and Spark conf
+    rows = pq.read_table(output).to_pylist()
+    assert len(rows) == 23 and len({r["path"] for r in rows}) == 23
+    assert sum(r["error"] is not None for r in rows) == 3
+    assert {len(r["topk"]) for r in rows if r["error"] is None} == {2}  # the preset over Spark conf
     assert _wait_until_gone(summary["app_id"]) == []
 
 

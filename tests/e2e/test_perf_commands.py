@@ -76,17 +76,19 @@ def test_validate_measures_models_against_the_time_model(spark_cnn, tmp_path):
     assert f"profile {profile.key}: calibrated" in result.stdout
     assert "mobilenet_v3_small: MAPE" in result.stdout and "| mobilenet_v3_small |" in result.stdout
 
-    # the zoo under a budget that holds its two smallest networks, each point and the layers in a fresh process
+    # the zoo under a budget that holds only its smallest network (0.08 GFLOPs; mobilenet_v3_small's 0.11 is out),
+    # each point and the layers in a fresh process: the choice among many networks and the summary over them are
+    # tests/unit/perf/test_perf_zoo.py's; a second network here only repeated the same three processes
     sweep, table = tmp_path / "zoo.json", tmp_path / "zoo.md"
-    zoo = spark_cnn("validate", "--zoo", "--max-gflops", "0.13", "--batch-sizes", "1,2", "--sweeps", "1",
+    zoo = spark_cnn("validate", "--zoo", "--max-gflops", "0.1", "--batch-sizes", "1,2", "--sweeps", "1",
                     "--repeats", "2", "--attribute-at", "2", "--cache-dir", str(cache),
                     "--json", str(sweep), "--markdown", str(table))
     assert zoo.returncode == 0, zoo.stderr[-3000:]
     stored = json.loads(sweep.read_text())
-    assert sorted(stored["models"]) == ["mobilenet_v3_small", "shufflenet_v2_x0_5"] and not stored["failed"]
+    assert sorted(stored["models"]) == ["shufflenet_v2_x0_5"] and not stored["failed"]
     for entry in stored["models"].values():
         assert {b: len(ms) for b, ms in entry["runs"].items()} == {"1": 1, "2": 1}
         assert entry["allocator"] == "retained" and entry["layers"]["ms"]["<normalise>"] > 0
     text = table.read_text()
-    assert "2 networks under 0.13 GFLOPs" in text and "| shufflenet_v2_x0_5 |" in text
+    assert "1 networks under 0.1 GFLOPs" in text and "| shufflenet_v2_x0_5 |" in text
     assert "Per operator kind over the zoo" in text and "| contiguous |" in text  # shufflenet's channel shuffle

@@ -44,3 +44,21 @@ def test_what_the_user_set_is_kept(tmp_path):
 def test_a_spark_home_without_spark_submit_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="is missing or not executable: set SPARK_HOME"):
         spark_submit_command(["job.py"], {"SPARK_HOME": str(tmp_path)})
+
+
+# Each spark-submit entry point in jobs/ and the subcommand it must run (the e2e tests submit run.py and detect.py).
+JOB_ENTRY_POINTS = {"classify.py": "classify", "detect.py": "detect", "embed.py": "embed", "segment.py": "segment",
+                    "etl_incremental.py": "etl", "run.py": "run", "to_petastorm.py": "to-petastorm"}
+
+
+def test_every_jobs_entry_point_runs_its_own_subcommand(monkeypatch, capsys):
+    import runpy
+
+    jobs = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__)))), "jobs")
+    assert sorted(f for f in os.listdir(jobs) if f.endswith(".py")) == sorted(JOB_ENTRY_POINTS)
+    for name, command in JOB_ENTRY_POINTS.items():
+        monkeypatch.setattr("sys.argv", [os.path.join(jobs, name), "--help"])
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_path(os.path.join(jobs, name), run_name="__main__")
+        assert exited.value.code == 0, name
+        assert capsys.readouterr().out.startswith(f"usage: spark-cnn {command} "), name

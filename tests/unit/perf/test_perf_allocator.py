@@ -67,9 +67,8 @@ def test_time_model_charges_faults_only_for_glibcs_defaults(digits_cost_and_prof
 
 
 @pytest.fixture(scope="module")
-def digits_cost_and_profile(tmp_path_factory):
-    profile = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path_factory.mktemp("profiles")))
-    profile = dataclasses.replace(profile, fault_us_per_page=1.0)  # whatever this host measured: a fixed cost
+def digits_cost_and_profile(calibrated_cpu):
+    profile = dataclasses.replace(calibrated_cpu[0], fault_us_per_page=1.0)  # whatever this host measured: fixed
     return analyse(DigitsCNN(), (3, 32, 32)), profile
 
 

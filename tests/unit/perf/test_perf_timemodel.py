@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -163,10 +164,12 @@ def test_calibration_threads_are_the_sidecars():
 
 
 @pytest.mark.slow
-def test_calibrate_is_cached_and_refreshable(tmp_path):
+def test_calibrate_is_cached_and_refreshable(calibrated_cpu, tmp_path):
+    measured, cache = calibrated_cpu  # calibrate() measured it and wrote it to `cache`
+    shutil.copytree(cache, tmp_path, dirs_exist_ok=True)
     threads = torch.get_num_threads()
     first = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))
-    assert torch.get_num_threads() == threads  # restored
+    assert first.created == measured.created  # read from the cache, not measured again
     assert first.threads == 1 and first.conv and first.gemm and first.curves
     # each section times its first point whatever the budget: the large batch and every GEMM row count
     large = [p for p in first.conv if p["batch"] == LARGE_CONV_BATCH]
@@ -182,6 +185,7 @@ def test_calibrate_is_cached_and_refreshable(tmp_path):
     assert calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path)).created == first.created
     path.write_text(path.read_text().replace(f'"version": {PROFILE_VERSION}', '"version": 0'))
     refreshed = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))  # stale: measured again
+    assert torch.get_num_threads() == threads  # restored after measuring
     assert refreshed.version == PROFILE_VERSION and refreshed.created >= first.created
     assert json.loads(path.read_text())["version"] == PROFILE_VERSION  # and cached again
 

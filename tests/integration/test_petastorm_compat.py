@@ -2,8 +2,10 @@
 
 (a) a dataset `spark-cnn to-petastorm` wrote opens in petastorm's make_reader and make_batch_reader with the
     images and fields we wrote; (b) a dataset petastorm's materialize_dataset wrote (pyspark 3.5) is read by
-    `spark-cnn classify`, one row per record, with the logits of direct torch.
-The first run builds the environment (~1 minute with a warm pip cache); later runs reuse it.
+    the classify job, one row per record, with the logits of direct torch.
+Our side runs the jobs `spark-cnn to-petastorm` and `spark-cnn classify` run, in the shared local Spark session
+(the flags' way into their configs is tests/unit/cli/test_option_reach.py's); petastorm's side runs in its own
+processes. The first run builds the environment (~1 minute with a warm pip cache); later runs reuse it.
 """
 
 from __future__ import annotations
@@ -21,25 +23,26 @@ import torch
 from PIL import Image
 from torchvision import transforms
 
+from spark_cnn.config import ClassifyConfig, InferenceOptions, InputOptions, PetastormConfig
 from spark_cnn.formats import petastorm
 from spark_cnn.imaging.pixels import rgb_from_npy
 from spark_cnn.imaging.preprocess import decode_rgb
 from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, DigitsCNN
-from tests.e2e.cached_env import EnvBuildError, cached_python
+from spark_cnn.models.spec import ModelSpec
+from spark_cnn.spark.classify_job import classify
+from spark_cnn.spark.petastorm_job import to_petastorm
+from tests.e2e.cached_env import EnvBuildError, cached_python, python_or_fail
 from tests.e2e.conftest import run_command
 from tests.e2e.petastorm_env import PETASTORM_ENV, petastorm_python
 
-pytestmark = [pytest.mark.e2e, pytest.mark.petastorm]
-SCRIPTS = os.path.join(os.path.dirname(__file__), "petastorm_scripts")
+pytestmark = [pytest.mark.spark, pytest.mark.petastorm]
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "e2e", "petastorm_scripts")
 DIGITS_PER_CLASS = 6
 
 
 @pytest.fixture(scope="module")
 def petastorm_env() -> str:
-    try:
-        return petastorm_python()
-    except EnvBuildError as e:
-        pytest.fail(str(e), pytrace=False)
+    return python_or_fail(petastorm_python)
 
 
 def _run_in_env(python: str, script: str, *args: str) -> None:
@@ -77,11 +80,11 @@ def _image_folder(root: str) -> dict[str, tuple[str | None, np.ndarray | None]]:
     return expected
 
 
-def test_petastorm_reads_what_to_petastorm_wrote(spark_cnn, petastorm_env, tmp_path):
+def test_petastorm_reads_what_to_petastorm_wrote(spark, petastorm_env, tmp_path):
     folder, dataset, dumped = str(tmp_path / "images"), str(tmp_path / "dataset"), str(tmp_path / "read.npz")
     expected = _image_folder(folder)
-    done = spark_cnn("to-petastorm", folder, dataset, "--master", "local[2]", "--quiet")
-    assert done.returncode == 0, done.stderr[-3000:]
+    summary = to_petastorm(PetastormConfig(folder, dataset, quiet=True), spark=spark)
+    assert (summary["images"], summary["errors"]) == (len(expected), 1)
 
     _run_in_env(petastorm_env, "read_with_petastorm.py", "file://" + dataset, dumped)
 
@@ -138,7 +141,7 @@ def test_petastorm_reads_every_codec_we_write(petastorm_env, codec, tmp_path):
     assert sorted(r["path"] for r in rows["batch_reader"]) == ["p0", "p1", "p2"]
 
 
-def test_classify_reads_what_petastorm_wrote(spark_cnn, petastorm_env, demo_assets, tmp_path):
+def test_classify_reads_what_petastorm_wrote(spark, petastorm_env, demo_assets, tmp_path):
     rgb, labels = [], []
     for digit in range(10):
         folder = os.path.join(demo_assets.images, str(digit))
@@ -164,10 +167,10 @@ def test_classify_reads_what_petastorm_wrote(spark_cnn, petastorm_env, demo_asse
     # One job, on the CompressedImageCodec field (what most petastorm image datasets use). The NdarrayCodec
     # field's bytes are checked below; the job's path for such arrays is covered in test_input_formats.py.
     output = str(tmp_path / "out")
-    done = spark_cnn("classify", dataset, output, "--model", DIGITS_FACTORY, "--weights", demo_assets.weights,
-                     "--labels", demo_assets.labels, "--image-column", "image", "--path-column", "id",
-                     "--label-column", "label", "--logits", "--master", "local[2]", "--quiet")
-    assert done.returncode == 0, done.stderr[-3000:]
+    classify(ClassifyConfig(dataset, output, InferenceOptions(ModelSpec(DIGITS_FACTORY, demo_assets.weights),
+                                                              labels=demo_assets.labels, logits=True),
+                            InputOptions(image_column="image", path_column="id", label_column="label"),
+                            quiet=True), spark=spark)
     rows = {r["path"]: r for r in pq.read_table(output).to_pylist()}
     assert sorted(rows) == [f"digit-{i:04d}" for i in range(len(rgb))]  # one row per record, ids kept
     for i, r in enumerate(rows[f"digit-{i:04d}"] for i in range(len(rgb))):
