@@ -270,7 +270,7 @@ def _convolution(c: OpCall) -> OpCost:
 def _nchw(x: torch.Tensor) -> bool:
     """Whether a 4-D activation is laid out NCHW where channels-last was possible: the layout a model's own
     `.contiguous()` leaves (shufflenet's channel shuffle), on which depthwise convolutions run 2 to 3 times
-    their channels-last time (docs/perf-model.md, "The zoo")."""
+    their channels-last time (docs/perf-model.md, "The zoo on a quiet host")."""
     return (x.dim() == 4 and x.shape[1] > 1 and x.shape[2] * x.shape[3] > 1
             and not x.is_contiguous(memory_format=torch.channels_last))
 

@@ -228,7 +228,7 @@ class ModelRunner:
         if self._model_fault is not None:
             raise model_fault_error(self._model_fault)
         if not self.cuda:
-            flush_denormals()  # the compute thread's flag; a no-op once set
+            flush_denormals()  # this thread's flag, set where the forward runs; cheap
         if isinstance(staged.pixels, SizedImages):
             return self._forward_sized(staged)
         with FX_GATE.forward(), self._lock, torch.inference_mode():  # never while another model is fx-traced
