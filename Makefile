@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-from-pyproject
 
-.PHONY: run test lint unit bench bench-zoo venv java clean
+.PHONY: run test lint unit bench bench-identity bench-zoo venv java clean
 
 run: venv
 	$(BIN)/spark-cnn demo
@@ -20,6 +20,12 @@ unit: venv
 # All variants, both models, about 15 minutes on a 2-core machine; run it on a quiet machine.
 bench: venv
 	$(BIN)/spark-cnn bench --json docs/bench.json --plot docs/bench.png
+
+# The framework's own cost (issue 17): the near-free model, so the limit is decoding alone; spark_cnn with the
+# tasks decoding and with the sidecar decoding (a GPU host's path), against predict_batch_udf and the peers.
+bench-identity: venv
+	$(BIN)/spark-cnn bench --models identity --variants predict_batch_udf spark_cnn spark_cnn_sidecar_decode \
+		ray_data daft limit --json docs/bench-identity.json
 
 # The time model on every torchvision classifier under 9.5 GFLOPs (docs/perf-model.md, "The zoo"): about an hour
 # on a 2-core machine at these batch sizes, resumable (a rerun measures only what docs/zoo.json lacks; more batch

@@ -6,7 +6,7 @@ import json
 
 from spark_cnn.bench.cputime import KINDS
 from spark_cnn.bench.detect_check import summary_line
-from spark_cnn.bench.variants import IDENTITY_MODEL, VARIANTS
+from spark_cnn.bench.variants import IDENTITY_MODEL, SIDECAR_DECODE_VARIANT, VARIANTS
 from spark_cnn.errors import missing_extra
 
 # The project's throughput targets on the 2-core machine (docs/benchmarks.md): (what, ratio needed, models it
@@ -55,14 +55,14 @@ def table(entry: dict) -> str:
     results, memory, details = entry["results"], entry.get("memory_mb", {}), entry.get("details", {})
     ours = results.get("spark_cnn")
     lines = [f"{entry['model']}: {entry['images']} images per variant, master local[2], {entry['machine']}",
-             f"  {'variant':18s} {'images/s':>9s} {'x spark_cnn':>11s} {'peak MB (RSS)':>13s} {'seconds':>8s}"]
+             f"  {'variant':24s} {'images/s':>9s} {'x spark_cnn':>11s} {'peak MB (RSS)':>13s} {'seconds':>8s}"]
     for variant in VARIANTS:
         if variant not in results:
             continue
         rate = results[variant]
         ratio = _ratio(rate, ours)
         seconds = details.get(variant, {}).get("elapsed_s")
-        lines.append(f"  {variant:18s} {'failed' if rate is None else f'{rate:9.1f}':>9s} "
+        lines.append(f"  {variant:24s} {'failed' if rate is None else f'{rate:9.1f}':>9s} "
                      f"{'' if ratio is None else f'{ratio:.2f}':>11s} "
                      f"{'' if memory.get(variant) is None else f'{memory[variant]:.0f}':>13s} "
                      f"{'' if seconds is None else f'{seconds:.1f}':>8s}")
@@ -76,6 +76,7 @@ def table(entry: dict) -> str:
         lines.append(f"  limit = {limit['cores']} cores / (1/decode + min over threads t of t/model): decode "
                      f"{limit['decode_per_s_one_core']:.1f} img/s on one core; model {model_rates} img/s "
                      f"(batch {limit['model_batch_size']})")
+    lines += beyond_decoding_lines(entry)
     ours_detail = details.get("spark_cnn", {})
     if ours_detail.get("batch_size"):
         lines.append(f"  spark_cnn: batch size {ours_detail['batch_size']}, mean batch "
@@ -85,15 +86,29 @@ def table(entry: dict) -> str:
     return "\n".join(lines + target_lines(entry))
 
 
+def beyond_decoding_lines(entry: dict) -> list[str]:
+    """For the near-free model: each spark_cnn variant's CPU per image beyond decoding (its total less the limit's
+    decode on one core), what the framework costs a host; with the sidecar decoding, what a GPU host pays
+    besides nvJPEG."""
+    limit = entry.get("details", {}).get("limit", {})
+    cpu = entry.get("cpu_ms_per_image", {})
+    if entry["model"] != IDENTITY_MODEL or not limit.get("decode_per_s_one_core"):
+        return []
+    decode_ms = 1000 / limit["decode_per_s_one_core"]
+    return [f"  {variant}: {cpu[variant]['total'] - decode_ms:.2f} CPU ms per image beyond decoding "
+            f"({cpu[variant]['total']:.2f} - {decode_ms:.2f})"
+            for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT) if (cpu.get(variant) or {}).get("total")]
+
+
 def cpu_lines(entry: dict) -> list[str]:
     """CPU milliseconds per image of each variant's measured run, by process kind (empty without samples)."""
     cpu = {v: ms for v, ms in entry.get("cpu_ms_per_image", {}).items() if ms}
     if not cpu:
         return []
     kinds = [k for k in KINDS if any(k in ms for ms in cpu.values())]
-    lines = [f"  {'CPU ms per image':18s} " + " ".join(f"{k:>13s}" for k in [*kinds, "total"])]
+    lines = [f"  {'CPU ms per image':24s} " + " ".join(f"{k:>13s}" for k in [*kinds, "total"])]
     for variant in (v for v in VARIANTS if v in cpu):
-        lines.append(f"  {variant:18s} " + " ".join(
+        lines.append(f"  {variant:24s} " + " ".join(
             f"{cpu[variant][k]:13.2f}" if k in cpu[variant] else f"{'':13s}" for k in [*kinds, "total"]))
     return lines
 
@@ -116,6 +131,7 @@ def plot(path: str, entries: list[dict]) -> None:
 
     fig, axes = plt.subplots(1, len(entries), figsize=(5.5 * len(entries), 4.2), squeeze=False)
     colours = {"bare": "#8c8c8c", "row": "#c4a35a", "predict_batch_udf": "#d9822b", "spark_cnn": "#2b6cb0",
+               SIDECAR_DECODE_VARIANT: "#5b8fd0",
                "ray_data": "#6b9e5b", "daft": "#8a6bb0", "limit": "#ffffff"}
     for ax, entry in zip(axes[0], entries, strict=True):
         names = [v for v in VARIANTS if entry["results"].get(v) is not None]

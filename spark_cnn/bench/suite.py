@@ -33,6 +33,7 @@ from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.variants import (
+    DEFAULT_VARIANTS,
     DETECT_VARIANTS,
     IDENTITY_MODEL,
     VARIANTS,
@@ -62,7 +63,7 @@ class BenchConfig:
     models: tuple[str, ...] = DEFAULT_MODELS
     images: int | None = None   # per model; None: sized from the limit (full) or QUICK_IMAGES (quick)
     quick: bool = False
-    variants: tuple[str, ...] = VARIANTS
+    variants: tuple[str, ...] = DEFAULT_VARIANTS
     data_dir: str = DEFAULT_DATA_DIR
 
 
@@ -192,7 +193,7 @@ def run_detector(model: str, source: str, weights: str | None, config: BenchConf
 
 def _log_result(model: str, variant: str, r: dict, log) -> None:
     rate = "failed" if r["images_per_s"] is None else f"{r['images_per_s']:.1f} img/s"
-    log(f"{model}: {variant:18s} {rate}, peak {r.get('peak_rss_mb')} MB RSS, {r['wall_s']:.0f} s wall"
+    log(f"{model}: {variant:24s} {rate}, peak {r.get('peak_rss_mb')} MB RSS, {r['wall_s']:.0f} s wall"
         + (f"  LEFT RUNNING (killed): {r['leftover_processes']}" if r.get("leftover_processes") else "")
         + (f"\n{r['error']}" if r.get("error") else ""))
 

@@ -5,6 +5,9 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 - row: a pandas UDF that calls the model once per image (model cached per Python worker).
 - predict_batch_udf: Spark's own answer, batch_size 32, the model loaded in every Python worker.
 - spark_cnn: this project's classify job (sidecar, dynamic batching, tuned batch size, chosen decode place).
+- spark_cnn_sidecar_decode: the same job with `--decode sidecar`, the path a GPU host takes (tasks read files,
+  the sidecar decodes them, as nvJPEG would on the device): its CPU per image beyond decoding is what the
+  framework costs a host that feeds a fast device (issue 17).
 - ray_data, daft: the peers users pick instead of Spark, each as its documentation shows batch inference
   (bench/peers.py; optional packages, skipped with one line when missing).
 - limit: decode alone on one core and the model alone (1 and all threads), combined into the best rate the
@@ -48,7 +51,12 @@ from spark_cnn.bench.cputime import snapshot_to_json, tree_snapshot
 BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 MASTER = "local[2]"
 PEER_VARIANTS = ("ray_data", "daft")  # bench/peers.py: Ray Data and Daft, the `peers` extra
-VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", *PEER_VARIANTS, "limit")
+# spark_cnn with the sidecar decoding (`--decode sidecar`): the GPU host's path, measured on any host.
+SIDECAR_DECODE_VARIANT = "spark_cnn_sidecar_decode"
+VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", SIDECAR_DECODE_VARIANT, *PEER_VARIANTS, "limit")
+# What `spark-cnn bench` runs unless told: the sidecar-decode variant is asked for by name (`make bench-identity`),
+# since on a CPU it repeats spark_cnn's work in another process and would add minutes per model.
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != SIDECAR_DECODE_VARIANT)
 # What a detector is compared with: the others assume fixed-size crops and a (batch, classes) output.
 DETECT_VARIANTS = ("predict_batch_udf", "spark_cnn")
 # The near-free model's name in the bench commands (bench/tiny.py); here, torch-free, for the CLI and the report.
@@ -311,7 +319,7 @@ def run_predict_batch_udf(task: VariantTask) -> dict:
 
 # --- this project ------------------------------------------------------------------------------------------
 
-def run_spark_cnn(task: VariantTask) -> dict:
+def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
     from spark_cnn.config import ClassifyConfig, InferenceOptions
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.spark.classify_job import classify, detect
@@ -319,11 +327,12 @@ def run_spark_cnn(task: VariantTask) -> dict:
     from spark_cnn.task.launcher import stop_sidecars
 
     workdir = tempfile.mkdtemp(prefix="scnb-")
-    spark = spark_session(master=MASTER, app_name="bench-spark_cnn", quiet=True)
+    spark = spark_session(master=MASTER, app_name=f"bench-{task.variant}", quiet=True)
     try:
         def job(folder: str, out: str) -> dict:
             config = ClassifyConfig(input=folder, output=out,
-                                    inference=InferenceOptions(ModelSpec(task.model, task.weights)), master=MASTER,
+                                    inference=InferenceOptions(ModelSpec(task.model, task.weights), decode=decode),
+                                    master=MASTER,
                                     quiet=True)
             return (detect if task.task == "detect" else classify)(config, spark=spark)
 
@@ -417,7 +426,8 @@ def run_limit(task: VariantTask) -> dict:
 
 
 RUNNERS = {"bare": run_bare, "row": run_row, "predict_batch_udf": run_predict_batch_udf,
-           "spark_cnn": run_spark_cnn, "limit": run_limit}
+           "spark_cnn": run_spark_cnn, SIDECAR_DECODE_VARIANT: lambda task: run_spark_cnn(task, decode="sidecar"),
+           "limit": run_limit}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import argparse
 
 def register(commands) -> None:
     from spark_cnn.bench.suite import DEFAULT_MODELS
-    from spark_cnn.bench.variants import VARIANTS
+    from spark_cnn.bench.variants import DEFAULT_VARIANTS, SIDECAR_DECODE_VARIANT, VARIANTS
 
     parser = commands.add_parser("bench", help="compare with a bare PyTorch loop, a row UDF, predict_batch_udf, "
                                                "Ray Data and Daft")
@@ -19,8 +19,9 @@ def register(commands) -> None:
                         f"detection model (e.g. ssdlite320_mobilenet_v3_large) runs spark_cnn against "
                         f"predict_batch_udf on images of several shapes (default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--images", type=int, help="images per variant (default: enough for 24 s at the limit rate)")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                        help="which variants to run (default: all; ray_data and daft need the peers extra and "
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS),
+                        help=f"which variants to run (default: all but {SIDECAR_DECODE_VARIANT}, the job with "
+                             "--decode sidecar as a GPU host runs it; ray_data and daft need the peers extra and "
                              "are skipped without it)")
     parser.add_argument("--data-dir", help="where the generated images are cached (default ~/.cache/spark_cnn/bench)")
     parser.add_argument("--json", help="write the results here")

@@ -42,6 +42,8 @@ def test_bench_quick_runs_every_variant_with_cpu_per_image_by_process_memory_jso
     spark_cnn = data["details"]["spark_cnn"]
     assert spark_cnn["errors"] == 0 and spark_cnn["decode"] == ["task"]  # --decode auto on a CPU
     assert data["details"]["predict_batch_udf"]["peak_rss_mb_by_process"]["jvm"] > 0
+    sidecar_decode = data["details"]["spark_cnn_sidecar_decode"]  # a GPU host's path: the sidecar decodes
+    assert sidecar_decode["errors"] == 0 and sidecar_decode["decode"] == ["sidecar"]
 
     limit = data["details"]["limit"]
     assert limit["model_per_s_by_threads"] == {}  # the decode-only limit: the cores' decode rate
@@ -55,5 +57,6 @@ def test_bench_quick_runs_every_variant_with_cpu_per_image_by_process_memory_jso
     assert cpu["spark_cnn"]["jvm"] > 0 and cpu["spark_cnn"]["python_worker"] > 0 and "sidecar" in cpu["spark_cnn"]
 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for line in ("images/s", "x spark_cnn", "decode-only limit", "CPU ms per image", "python_worker"):
+    for line in ("images/s", "x spark_cnn", "decode-only limit", "CPU ms per image", "python_worker",
+                 "spark_cnn_sidecar_decode: ", "CPU ms per image beyond decoding"):
         assert line in result.stdout

@@ -139,6 +139,29 @@ def test_report_shows_cpu_per_image_by_kind_and_the_near_free_models_own_targets
     assert verdicts == {"decode-only": "MISSED)", "predict_batch_udf": "met)"}
 
 
+def test_report_gives_each_spark_cnn_variants_cpu_beyond_decoding_for_the_near_free_model_only():
+    cpu = {"spark_cnn": {"jvm": 0.4, "python_worker": 2.0, "sidecar": 0.6, "total": 3.0},
+           "spark_cnn_sidecar_decode": {"jvm": 0.4, "python_worker": 0.2, "sidecar": 2.9, "total": 3.5}}
+    entry = {"machine": "2 CPU cores", "model": "identity", "images": 256, "memory_mb": {},
+             "results": {"spark_cnn": 450.0, "spark_cnn_sidecar_decode": 400.0, "limit": 800.0},
+             "cpu_ms_per_image": cpu,
+             "details": {"limit": {"decode_per_s_one_core": 400.0, "model_per_s_by_threads": {}, "cores": 2}}}
+    text = report.table(entry)
+    # 1000 / 400 = 2.5 ms of decoding per image on one core; the rest is the framework's
+    assert "spark_cnn: 0.50 CPU ms per image beyond decoding (3.00 - 2.50)" in text
+    assert "spark_cnn_sidecar_decode: 1.00 CPU ms per image beyond decoding (3.50 - 2.50)" in text
+    assert any(line.split()[:3] == ["spark_cnn_sidecar_decode", "400.0", "0.89"] for line in text.splitlines())
+    real_model = {**entry, "model": "mobilenet_v3_small"}  # its limit includes the model: no such line
+    assert "beyond decoding" not in report.table(real_model)
+
+
+def test_the_sidecar_decode_variant_is_run_when_asked_for_only():
+    from spark_cnn.bench.variants import DEFAULT_VARIANTS, RUNNERS, SIDECAR_DECODE_VARIANT, VARIANTS
+
+    assert SIDECAR_DECODE_VARIANT in VARIANTS and SIDECAR_DECODE_VARIANT in RUNNERS
+    assert SIDECAR_DECODE_VARIANT not in DEFAULT_VARIANTS and suite.BenchConfig().variants == DEFAULT_VARIANTS
+
+
 def test_limit_without_model_rates_is_the_decode_only_rate_of_the_cores():
     assert pipeline_limit(300.0, {}, 2) == pytest.approx(600.0)
 
