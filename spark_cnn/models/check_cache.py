@@ -235,12 +235,12 @@ def store(key: tuple, resolved, depends: tuple) -> None:
         except BaseException:
             os.unlink(temp)
             raise
-        _prune(folder)
+        _prune(folder, MAX_ENTRIES)
     except OSError as e:
         _log.debug("spark-cnn: not caching the model check in %s: %s", folder, e)
 
 
-def _prune(folder: str, keep: int = MAX_ENTRIES) -> None:
+def _prune(folder: str, keep: int) -> None:
     entries, now = [], time.time()
     for item in os.scandir(folder):
         try:
