@@ -5,6 +5,9 @@ pyspark, pandas and pyarrow loaded; 786 MB after torch, torchvision and a mobile
 needs the model only to check it before Spark starts; the sidecar holds the one copy that runs. So the check
 runs in a child that exits when it is done. A process that has torch loaded already (a notebook, the tests)
 checks in-process: it has paid the memory, and a child would only add its start-up time.
+
+The child's answer is remembered in this process and on disk (check_cache.py), so the next job start over the
+same model, files, code and libraries skips the child: a CLI run or a scheduled ETL run pays for it once.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import sys
 import threading
 
 from spark_cnn.errors import ModelError, SparkCnnError
+from spark_cnn.models import check_cache
 from spark_cnn.models.spec import ModelSpec
 
 # Importing torch on a loaded host takes seconds; loading a large model's weights can take a minute.
 RESOLVE_TIMEOUT_S = 300.0
 # Checked models by (spec, options, model and weight files' size and mtime, torch's cache location): a notebook or
-# a benchmark that runs several jobs over one model pays for the child process once.
+# a benchmark that runs several jobs over one model pays for the child process once (check_cache.py: other
+# processes too).
 _checked: dict = {}
-CACHE_ENVIRONMENT = ("TORCH_HOME", "XDG_CACHE_HOME", "HF_HOME", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+CACHE_ENVIRONMENT = ("TORCH_HOME", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
+                     "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 _checked_lock = threading.Lock()
 
 
@@ -47,13 +53,24 @@ def resolve_endpoint_isolated(spec: ModelSpec, **options):
         from spark_cnn.models.resolve import resolve_endpoint
 
         return resolve_endpoint(spec, **options)
+    return _remembered_check(spec, options, _resolve_in_child)
+
+
+def _remembered_check(spec: ModelSpec, options: dict, check):
+    """`check(spec, options)` (-> the ResolvedModel and the code files it loaded), its answer remembered in this
+    process and on disk; a failed check is not remembered, nor one of a registry URI that may name another
+    version next time."""
     if not _pinned(spec):
-        return _resolve_in_child(spec, options)
+        return check(spec, options)[0]
     key = _cache_key(spec, options)
     with _checked_lock:
         if key in _checked:
             return _checked[key]
-    resolved = _resolve_in_child(spec, options)
+    disk_key = check_cache.entry_key(spec, key)
+    resolved = check_cache.lookup(disk_key, _loads)
+    if resolved is None:
+        resolved, code_files = check(spec, options)
+        check_cache.store(disk_key, resolved, check_cache.dependencies(spec, resolved, code_files))
     with _checked_lock:
         _checked[key] = resolved
     return resolved
@@ -85,7 +102,8 @@ def _loads(data: bytes):
     return _OwnClassesUnpickler(io.BytesIO(data)).load()
 
 
-def _resolve_in_child(spec: ModelSpec, options: dict):
+def _resolve_in_child(spec: ModelSpec, options: dict) -> tuple:
+    """(the ResolvedModel, the code files the child loaded beyond installed packages: check_cache.py)."""
     try:
         proc = subprocess.run([sys.executable, "-m", "spark_cnn.models.resolve_isolated"],
                               input=pickle.dumps((spec, options)), capture_output=True, timeout=RESOLVE_TIMEOUT_S,
@@ -96,10 +114,10 @@ def _resolve_in_child(spec: ModelSpec, options: dict):
         tail = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
         raise ModelError(f"checking --model {spec.source} failed in a child process (exit {proc.returncode}): "
                          f"{' | '.join(tail)}")
-    ok, value = _loads(proc.stdout)
+    ok, value, code_files = _loads(proc.stdout)
     if not ok:
         raise value
-    return value
+    return value, code_files
 
 
 def _main() -> int:
@@ -107,11 +125,11 @@ def _main() -> int:
     from spark_cnn.models.resolve import resolve_endpoint
 
     try:
-        answer = (True, resolve_endpoint(spec, **options))
+        answer = (True, resolve_endpoint(spec, **options), check_cache.loaded_code_files())
     except SparkCnnError as e:
-        answer = (False, e)
+        answer = (False, e, ())
     except Exception as e:  # anything else the model's own code raises: reported as a model error
-        answer = (False, ModelError(f"--model {spec.source}: {type(e).__name__}: {e}"))
+        answer = (False, ModelError(f"--model {spec.source}: {type(e).__name__}: {e}"), ())
     sys.stdout.buffer.write(pickle.dumps(answer))
     return 0
 
