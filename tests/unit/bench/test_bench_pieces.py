@@ -155,11 +155,16 @@ def test_report_gives_each_spark_cnn_variants_cpu_beyond_decoding_for_the_near_f
     assert "beyond decoding" not in report.table(real_model)
 
 
-def test_the_sidecar_decode_variant_is_run_when_asked_for_only():
-    from spark_cnn.bench.variants import DEFAULT_VARIANTS, RUNNERS, SIDECAR_DECODE_VARIANT, VARIANTS
+def test_the_sidecar_decode_variant_is_spark_cnn_with_the_sidecar_decoding_run_when_asked_for_only(monkeypatch):
+    from spark_cnn.bench import variants
 
-    assert SIDECAR_DECODE_VARIANT in VARIANTS and SIDECAR_DECODE_VARIANT in RUNNERS
-    assert SIDECAR_DECODE_VARIANT not in DEFAULT_VARIANTS and suite.BenchConfig().variants == DEFAULT_VARIANTS
+    calls = []
+    monkeypatch.setattr(variants, "run_spark_cnn", lambda task, decode="auto": calls.append((task, decode)))
+    variants.RUNNERS[variants.SIDECAR_DECODE_VARIANT]("task")
+    assert calls == [("task", "sidecar")]
+    assert variants.SIDECAR_DECODE_VARIANT in variants.VARIANTS
+    assert variants.SIDECAR_DECODE_VARIANT not in variants.DEFAULT_VARIANTS
+    assert suite.BenchConfig().variants == variants.DEFAULT_VARIANTS
 
 
 def test_limit_without_model_rates_is_the_decode_only_rate_of_the_cores():
