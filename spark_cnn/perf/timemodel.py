@@ -11,7 +11,8 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   measured cost per FLOP interpolated (inverse-distance, in log space) among the calibrated convolutions of
   the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
   channels per group, output channels, output size, kernel, stride and batch. oneDNN vectorises channels in
-  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16. The
+  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16 (a grouped
+  convolution's input channels per group in whole blocks, however few: 4 per group cost as 16). The
   backend follows torch's own rule (`calibration.conv_backend`): on one thread a 1x1 convolution below batch
   16 is a GEMM per image, from 16 on a oneDNN kernel, which is why per-image time can jump between 8 and 16.
   Linear layers interpolate the calibrated GEMMs the same way, normalised by a roofline (FLOPs against

@@ -32,10 +32,10 @@ CUDA_CONV_BATCHES = (8, 64)
 # 1x1 convolutions at batch >= 16 run on oneDNN instead of a GEMM per image (one thread): timed there too.
 POINTWISE_ONEDNN_BATCH = 16
 
-# Grouped convolutions over the group widths networks use beyond the grid's 8 and 16 channels per group (4,
-# 24, 32, 48, 128): oneDNN runs 16 or fewer per group on one kernel, more on another whose rate per FLOP grows
-# with the width, so 8 and 16 alone priced 24 and 48 channels per group 1.4 to 2 times too slow
-# (docs/perf-model.md, "Grouped convolutions"). Generic channel counts, timed at every batch as the grid's.
+# Grouped convolutions at the group widths networks use beyond the grid's 8 and 16 input channels per group
+# (4, 24, 32, 48, 128): oneDNN runs up to 16 per group on one kernel, more on another whose rate per FLOP
+# grows with the width, which points at 8 and 16 alone cannot show (docs/perf-model.md, "Grouped
+# convolutions"). Generic channel counts, timed at every batch as the grid's other grouped shapes.
 GROUPED_WIDTHS = ((96, 96, 3, 1, 24, 56), (192, 192, 3, 1, 8, 28), (384, 384, 3, 1, 8, 14), (768, 768, 3, 1, 24, 7),
                   (768, 768, 3, 1, 6, 7), (384, 384, 3, 2, 16, 28))
 # The convolution grid: (cin, cout, kernel, stride, groups, in_hw). Generic shapes on the manifold CNNs live on
