@@ -11,7 +11,8 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   measured cost per FLOP interpolated (inverse-distance, in log space) among the calibrated convolutions of
   the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
   channels per group, output channels, output size, kernel, stride and batch. oneDNN vectorises channels in
-  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16. The
+  blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16 (a grouped
+  convolution's input channels per group in whole blocks, however few: 4 per group cost as 16). The
   backend follows torch's own rule (`calibration.conv_backend`): on one thread a 1x1 convolution below batch
   16 is a GEMM per image, from 16 on a oneDNN kernel, which is why per-image time can jump between 8 and 16.
   Linear layers interpolate the calibrated GEMMs the same way, normalised by a roofline (FLOPs against
@@ -215,8 +216,9 @@ def _log2(x: float) -> float:
     return math.log2(max(x, 1e-9))
 
 
-def _padded(channels: int, blocked: bool) -> int:
-    if not blocked or channels < CHANNEL_BLOCK:
+def _padded(channels: int, blocked: bool, *, whole_blocks: bool = False) -> int:
+    """`channels` rounded up to oneDNN's block; below one block left as they are unless `whole_blocks`."""
+    if not blocked or (channels < CHANNEL_BLOCK and not whole_blocks):
         return channels
     return -(-channels // CHANNEL_BLOCK) * CHANNEL_BLOCK
 
@@ -252,8 +254,11 @@ class _ConvShape:
             channels = _padded(cout, blocked)
             self.flops = 2 * channels * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
         else:
-            self.flops = 2 * _padded(cout, blocked) * _padded(cin_g, blocked) * out_hw[0] * out_hw[1] * \
-                kernel[0] * kernel[1]
+            # a grouped convolution on oneDNN reads each group's input channels in whole blocks, however few:
+            # 4, 8 and 16 channels per group took the same time, 24 as 32 (docs/perf-model.md, "Grouped
+            # convolutions")
+            cin_block = _padded(cin_g, blocked, whole_blocks=self.klass == "grouped")
+            self.flops = 2 * _padded(cout, blocked) * cin_block * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
         self.features = np.array([_log2(cin_g), _log2(cout), _log2(math.sqrt(out_hw[0] * out_hw[1])),
                                   _log2(math.sqrt(kernel[0] * kernel[1])), _log2(math.sqrt(stride[0] * stride[1])),
                                   _log2(batch)])

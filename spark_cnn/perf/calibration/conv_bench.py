@@ -16,7 +16,8 @@ from torch import nn
 from spark_cnn.perf.calibration.harness import Bench, fresh
 
 __all__ = ["CONV_BATCHES", "CONV_GRID", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES", "DEPTHWISE_NCHW_GRID",
-           "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW", "POINTWISE_ONEDNN_BATCH", "conv_backend", "time_convolutions"]
+           "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW", "POINTWISE_ONEDNN_BATCH", "conv_backend",
+           "time_convolutions"]
 
 # Timed at a small and a medium batch: per-image time changes with the batch (weights are reordered once per
 # call; large activations leave the cache), and the time model interpolates in between.
@@ -31,6 +32,12 @@ CUDA_CONV_BATCHES = (8, 64)
 # 1x1 convolutions at batch >= 16 run on oneDNN instead of a GEMM per image (one thread): timed there too.
 POINTWISE_ONEDNN_BATCH = 16
 
+# Grouped convolutions at the group widths networks use beyond the grid's 8 and 16 input channels per group
+# (4, 24, 32, 48, 128): oneDNN runs up to 16 per group on one kernel, more on another whose rate per FLOP
+# grows with the width, which points at 8 and 16 alone cannot show (docs/perf-model.md, "Grouped
+# convolutions"). Generic channel counts, timed at every batch as the grid's other grouped shapes.
+GROUPED_WIDTHS = ((96, 96, 3, 1, 24, 56), (192, 192, 3, 1, 8, 28), (384, 384, 3, 1, 8, 14), (768, 768, 3, 1, 24, 7),
+                  (768, 768, 3, 1, 6, 7), (384, 384, 3, 2, 16, 28))
 # The convolution grid: (cin, cout, kernel, stride, groups, in_hw). Generic shapes on the manifold CNNs live on
 # (channels x pixels per side between ~900 and ~7000), plus channel counts off the multiples of 16 that oneDNN
 # blocks by, 3-channel image inputs, strides, depthwise and grouped. Ordered so a prefix spans the kinds.
@@ -58,6 +65,7 @@ CONV_GRID: tuple[tuple[int, int, int, int, int, int], ...] = (
     (64, 256, 3, 1, 1, 13), (16, 8, 1, 1, 1, 1), (576, 144, 1, 1, 1, 1), (144, 576, 1, 1, 1, 1),
     (1024, 1024, 1, 1, 1, 7), (832, 256, 1, 1, 1, 7), (480, 192, 1, 1, 1, 14), (192, 16, 1, 1, 1, 28),
     (116, 116, 1, 1, 1, 28), (232, 232, 3, 1, 232, 14), (58, 58, 1, 1, 1, 28), (24, 24, 3, 2, 24, 112),
+    *GROUPED_WIDTHS,
 )
 # Depthwise convolutions on an NCHW input (the layout a model's own `.contiguous()` leaves, as shufflenet's
 # channel shuffle does): 2 to 3 times their channels-last time, so a class of their own, timed at every batch.

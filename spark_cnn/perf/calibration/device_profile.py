@@ -44,7 +44,7 @@ __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again (the
 # versions' changes are listed in docs/perf-model.md, "Calibration").
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 # Calibration should take under a minute on a CPU; 45 s leaves room for a loaded machine (each section stops
 # at its deadline).
 DEFAULT_BUDGET_S = 45.0

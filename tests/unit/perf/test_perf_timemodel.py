@@ -400,6 +400,28 @@ def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
     assert ms(shuffled, nchw_layer, synthetic_profile()) == pytest.approx(ms(plain, cl_layer, profile), rel=0.01)
 
 
+def test_a_grouped_convolution_counts_whole_blocks_of_input_channels_by_hand():
+    # A device where grouped work runs at GFLOPS on each group's input channels rounded up to oneDNN's block of
+    # 16, as this CPU's did: 4 and 8 channels per group cost as 16, 24 as 32; 48 is three whole blocks.
+    def grouped_point(cin, groups, in_hw, batch):
+        block = -(-(cin // groups) // 16) * 16
+        return {"cin": cin, "cout": cin, "kernel": 3, "stride": 1, "groups": groups, "in_hw": in_hw, "out_hw": in_hw,
+                "batch": batch, "backend": "mkldnn", "faults": 0,
+                "us": 20.0 + 2 * cin * block * 9 * in_hw * in_hw * batch / (GFLOPS * 1e3)}
+    points = [grouped_point(cin, cin // width, in_hw, batch) for cin, width, in_hw in
+              ((48, 8, 56), (128, 16, 28), (384, 48, 14)) for batch in (1, 8, LARGE_CONV_BATCH)]
+    plain = tuple(c for c in synthetic_conv() if c["groups"] in (1, c["cin"]))
+    profile = synthetic_profile(conv=plain + tuple(points), conv_weight_us_per_mib=0.0)
+    for width, block in ((4, 16), (8, 16), (24, 32), (48, 48)):
+        cost = analyse(nn.Sequential(nn.Conv2d(192, 192, 3, padding=1, groups=192 // width, bias=False)),
+                       (192, 28, 28))
+        (layer,) = [layer for layer in cost.layers if layer.op == "conv2d"]
+        assert layer_kind(layer, 8, profile) == "conv:grouped"
+        ms = {lay.name: t for lay, t, _ in predict_layers_ms(cost, profile, 8)}[layer.name]
+        by_hand_ms = 0.020 + 2 * 192 * block * 9 * 28 * 28 * 8 / (GFLOPS * 1e6)  # padded FLOPs, 8 images
+        assert ms == pytest.approx(by_hand_ms, rel=0.02), width
+
+
 def test_time_grows_with_batch_and_threads_change_the_backend(profile, digits_cost):
     times = [predict_batch_ms(digits_cost, profile, b) for b in (1, 2, 8, 32)]
     assert times == sorted(times)
