@@ -36,6 +36,7 @@ from spark_cnn.bench.variants import (
     DEFAULT_VARIANTS,
     DETECT_VARIANTS,
     IDENTITY_MODEL,
+    SIDECAR_DECODE_VARIANT,
     VARIANTS,
     VariantTask,
     bench_task,
@@ -138,7 +139,7 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
     entries = []
     with tempfile.TemporaryDirectory(prefix="spark_cnn_bench_") as workdir:
         warmup = input_dir(WARMUP_IMAGES, config.data_dir)
-        if "spark_cnn" in config.variants and not config.quick:
+        if {"spark_cnn", SIDECAR_DECODE_VARIANT} & set(config.variants) and not config.quick:
             log(ensure_device_profile())
         for model in config.models:
             source, weights = _save_model(model, workdir)
