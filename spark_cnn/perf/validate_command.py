@@ -43,8 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device profiles (default: $SPARK_CNN_CACHE_DIR, else ~/.cache/spark_cnn/devices)")
     parser.add_argument("--refresh", action="store_true", help="calibrate again")
     parser.add_argument("--calibrate-each", action="store_true",
-                        help="calibrate again before each model, so that on a busy host the profile and the "
-                             "measurements see the same conditions")
+                        help="calibrate again before each model, so that the profile and the measurements see "
+                             "the same conditions (a busy host, or one whose speed drifts by the hour); with "
+                             "--zoo each network is judged against its own calibration, kept beside --json")
     parser.add_argument("--clock", choices=sorted(timing.CLOCKS), default="wall",
                         help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
                              "host; also used for calibrating with --refresh or --calibrate-each)")
@@ -61,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {args.batch_sizes}: expected positive integers")
 
-    def profile_now():
+    def profile_now(refresh: bool = args.refresh or args.calibrate_each, allow_noisy: bool | None = None):
         return calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir or profile_cache_dir(),
-                         refresh=args.refresh or args.calibrate_each, clock=args.clock)
+                         refresh=refresh, clock=args.clock, allow_noisy=allow_noisy)
     if args.zoo:
         return _run_zoo(args, batch_sizes, profile_now)
     return _run_models(args, batch_sizes, profile_now)
@@ -94,12 +95,13 @@ def _run_models(args: argparse.Namespace, batch_sizes: list[int], profile_now) -
 def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> int:
     from spark_cnn.perf import zoo
 
-    if args.calibrate_each or args.layers_at is not None:
-        raise ConfigError("--zoo judges every network with one profile and attributes with --attribute-at: "
-                          "drop --calibrate-each and --layers-at")
+    if args.layers_at is not None:
+        raise ConfigError("--zoo attributes each network's time to its layers with --attribute-at: drop "
+                          "--layers-at")
     if args.attribute_at < 0:
         raise ConfigError(f"--attribute-at {args.attribute_at}: expected a batch size, or 0 for none")
-    profile = profile_now()
+    # the common profile judges networks measured without their own calibration
+    profile = profile_now(refresh=args.refresh)
     print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
     if args.clock == "cpu" and profile.threads != 1:
         raise ConfigError(f"--clock cpu times the calling thread: it needs one torch thread, not {profile.threads}")
@@ -110,11 +112,14 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
                 "repeats": args.repeats, "warmup": timing.DEFAULT_WARMUP, "point_budget_s": args.point_budget_s,
                 "attribute_at": args.attribute_at}
     started, load = time.perf_counter(), os.getloadavg()[0]
+    # each network's own calibration is kept even when noisy: its repeatability is recorded beside it, and
+    # refusing it would stop an hour-long sweep midway
+    calibrate_each = (lambda: profile_now(refresh=True, allow_noisy=True)) if args.calibrate_each else None
     state = zoo.sweep(path, models, batch_sizes, settings=settings, sweeps=args.sweeps, gflops=flops,
-                      log=lambda line: print(line, flush=True))
+                      log=lambda line: print(line, flush=True), calibrate=calibrate_each)
     print(f"zoo: {len(models)} networks (of {len(flops)}; {len(excluded)} over the budget) measured in "
           f"{(time.perf_counter() - started) / 60:.1f} min, load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
-    judged = zoo.judge(_restricted(state, models, batch_sizes), profile)
+    judged = zoo.judge(_restricted(state, models, batch_sizes), profile, own_profile=zoo.own_profiles(path, state))
     table = zoo.markdown(judged, max_gflops=args.max_gflops, batch_sizes=batch_sizes, clock=args.clock)
     print(table, flush=True)
     if args.markdown:

@@ -30,7 +30,8 @@ from typing import Any
 from spark_cnn.errors import ConfigError
 
 __all__ = ["DEFAULT_ATTRIBUTE_AT", "DEFAULT_MAX_GFLOPS", "ZOO_INPUT_SHAPE", "attribute", "catalogue", "cause",
-           "judge", "load_state", "markdown", "percentile", "select", "summarise", "sweep"]
+           "judge", "load_state", "markdown", "own_profiles", "percentile", "profiles_dir", "select", "summarise",
+           "sweep"]
 
 # 2 x the multiply-adds at 224 px: 43 networks, up to resnet50, convnext_tiny and swin_t, whose batch of 32
 # still runs in a few seconds on one core of the development host.
@@ -142,13 +143,63 @@ def pending(state: dict[str, Any], models: Sequence[str], batch_sizes: Sequence[
     return todo
 
 
+def profiles_dir(path: str) -> str:
+    """Where a sweep at `path` keeps the calibrations made before each network (`sweep(calibrate=...)`)."""
+    return f"{os.path.splitext(path)[0]}-profiles"
+
+
+def own_profiles(path: str, state: dict[str, Any]) -> Callable[[str], Any]:
+    """name -> the profile calibrated just before that network was measured, or None where the sweep made
+    none (a network measured without --calibrate-each)."""
+    from spark_cnn.perf.calibration import read_profile_text
+
+    folder = profiles_dir(path)
+
+    def own(name: str) -> Any:
+        stored = state["models"].get(name, {}).get("profile")
+        if not stored:
+            return None
+        where = os.path.join(folder, stored["file"])
+        try:
+            with open(where) as f:
+                return read_profile_text(f.read(), source=f"{name}'s calibration {where}")
+        except OSError as e:
+            raise ConfigError(f"{name}'s calibration {where}: cannot read it ({e.strerror or e}); measure "
+                              f"{name} again (delete its entry in the sweep)") from None
+    return own
+
+
+def _calibrated_before(path: str, name: str, entry: dict[str, Any], calibrate: Callable[[], Any]) -> str:
+    """Calibrate now, keep the profile beside the sweep and name it in `entry`; a line for the log."""
+    profile = calibrate()
+    folder = profiles_dir(path)
+    os.makedirs(folder, exist_ok=True)
+    partial = os.path.join(folder, f"{name}.json.partial")
+    with open(partial, "w") as f:
+        f.write(profile.to_json())
+    os.replace(partial, os.path.join(folder, f"{name}.json"))
+    entry["profile"] = {"file": f"{name}.json", "key": profile.key, "created": profile.created,
+                        "calibration_s": profile.calibration_s, "load": _plain_dict(profile.load),
+                        "repeatability": _plain_dict(profile.repeatability), "notes": list(profile.notes)}
+    return (f"{name}: calibrated in {profile.calibration_s} s "
+            f"(repeatability {_plain_dict(profile.repeatability).get('median_pct', '?')}%)")
+
+
+def _plain_dict(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=list))
+
+
 def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, settings: dict[str, Any], sweeps: int,
           gflops: dict[str, float | None], log: Callable[[str], None] = print,
           measure: Callable[..., tuple[float, float, str]] | None = None,
-          measure_layers: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+          measure_layers: Callable[..., dict[str, Any]] | None = None,
+          calibrate: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Measure what `path` does not hold yet of `models` x `batch_sizes` x `sweeps` (and each model's layers
     at settings["attribute_at"], unless 0), saving after every point; returns the state. `measure` and
-    `measure_layers` default to the isolated runners."""
+    `measure_layers` default to the isolated runners. With `calibrate`, the device is calibrated again
+    before each network that has points to measure, and that network is judged against its own profile
+    (`own_profiles`): the host's speed drifts by 10-30% within hours (docs/perf-model.md), so one
+    calibration judges only the measurements of its own hour."""
     from spark_cnn.perf.validate import measure_isolated
 
     measure = measure or measure_isolated
@@ -162,6 +213,11 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
     log(f"zoo: {len(models)} networks, {len(todo)} points and {len(layers_todo)} per-layer timings to measure "
         f"({path})")
     for name in models:
+        if calibrate is not None and any(t[0] == name for t in todo):
+            entry = state["models"].setdefault(name, {"gflops": gflops.get(name), "runs": {}, "spreads": {},
+                                                      "load": [], "allocator": None})
+            log(_calibrated_before(path, name, entry, calibrate))
+            save_state(path, state)
         for model, sweep_index, b in (t for t in todo if t[0] == name):
             entry = state["models"].setdefault(name, {"gflops": gflops.get(name), "runs": {}, "spreads": {},
                                                       "load": [], "allocator": None})
@@ -356,27 +412,32 @@ def kinds_over_zoo(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """Every stored model's measurements against `profile`'s prediction (validate.compare), with its
-    attribution by operator kind where its layers were timed; the summary over the zoo."""
+def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] | None = None,
+          own_profile: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Every stored model's measurements against the prediction (validate.compare) of its own profile
+    (`own_profile(name)`, see `own_profiles`) or else of `profile`, with its attribution by operator kind
+    where its layers were timed; the summary over the zoo."""
     from spark_cnn.perf.timemodel import layer_kind, predict_layers_ms
     from spark_cnn.perf.validate import compare
 
     cost_of = cost_of or _cost_of(tuple(state["settings"]["input_shape"]))
     batch = state["settings"]["attribute_at"]
-
-    def kind_of(layer: Any) -> str:
-        return layer_kind(layer, batch, profile)
+    common = profile
     results = []
     for name, entry in state["models"].items():
         if name in state["failed"] or not entry["runs"]:
             continue
+        profile = (own_profile(name) if own_profile is not None else None) or common
+
+        def kind_of(layer: Any, profile: Any = profile) -> str:
+            return layer_kind(layer, batch, profile)
         runs = {int(b): entry["runs"][b] for b in sorted(entry["runs"], key=int)}
         spreads = {int(b): entry["spreads"][b] for b in sorted(entry["spreads"], key=int)}
         cost = cost_of(name)
         result = compare(name, cost, profile, runs, spreads, entry["allocator"])
         loads = [x for point in entry["load"] for x in point[1:]]
-        result.update(gflops=entry.get("gflops"), load=[min(loads), max(loads)] if loads else None)
+        result.update(gflops=entry.get("gflops"), load=[min(loads), max(loads)] if loads else None,
+                      own_profile=profile is not common)
         layers = entry.get("layers")
         if layers and "ms" in layers:
             rows = [(layer, ms) for layer, ms, _ in predict_layers_ms(cost, profile, batch,
@@ -387,7 +448,8 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
             result["attribution_error"] = layers.get("error")
         results.append(result)
     return {"results": results, "summary": summarise(results), "kinds": kinds_over_zoo(results),
-            "failed": dict(state["failed"]), "profile": profile.key}
+            "failed": dict(state["failed"]), "profile": common.key,
+            "own_profiles": sum(1 for r in results if r["own_profile"])}
 
 
 def _cost_of(input_shape: tuple[int, ...]) -> Callable[[str], Any]:
@@ -410,8 +472,12 @@ def markdown(judged: dict[str, Any], *, max_gflops: float, batch_sizes: Sequence
     s = judged["summary"]
     sizes = ",".join(map(str, batch_sizes))
     lines = [header] if header else []
+    own = judged.get("own_profiles", 0)
+    against = (f"each network against the calibration made just before it ({own} of {s['networks']}; the rest "
+               f"against the common one)" if 0 < own < s["networks"] else
+               "each network against the calibration made just before it" if own else "one calibration")
     lines += [f"{s['networks']} networks under {max_gflops:g} GFLOPs per 224 px image, batch sizes {sizes}, "
-              f"{clock} clock, profile {judged['profile']}.", "",
+              f"{clock} clock, profile {judged['profile']}, {against}.", "",
               f"| model | GFLOPs | MAPE batch >= 8 | MAPE {sizes} | worst point | tuner pick: % of best measured "
               "| mispriced kinds (batch " + str(_attributed_at(results)) + ") | load |",
               "| --- | ---: | ---: | ---: | --- | --- | --- | --- |"]

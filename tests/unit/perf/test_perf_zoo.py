@@ -226,3 +226,45 @@ def test_the_benchmark_suite_runs_the_zoo_validation_and_make_test_does_not():
     assert args.max_gflops == zoo.DEFAULT_MAX_GFLOPS and 8 in map(int, args.batch_sizes.split(","))
     test_recipe, _ = _make_recipe("test")
     assert not any("zoo" in line or "bench" in line for line in test_recipe), test_recipe
+
+
+def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp_path):
+    path = str(tmp_path / "zoo.json")
+    fast, slow = synthetic_profile(key="fast", conv_call_us=20.0), synthetic_profile(key="slow", conv_call_us=2000.0)
+    made = iter([fast, slow, synthetic_profile(key="third")])
+    calls, log = [], []
+
+    def calibrate():
+        calls.append(("calibrate",))
+        return next(made)
+
+    def measure(model, shape, batch, threads, options):
+        calls.append((model, batch))
+        return 1.0, 0.01, "retained"
+    settings = {**SETTINGS, "attribute_at": 0}
+    state = zoo.sweep(path, ["a", "b"], [1, 8], sweeps=1, settings=settings, gflops={"a": 0.1, "b": 0.2},
+                      log=log.append, measure=measure, calibrate=calibrate)
+    assert calls == [("calibrate",), ("a", 1), ("a", 8), ("calibrate",), ("b", 1), ("b", 8)]
+    assert state["models"]["a"]["profile"]["key"] == "fast" and state["models"]["b"]["profile"]["key"] == "slow"
+    assert sorted(p.name for p in (tmp_path / "zoo-profiles").iterdir()) == ["a.json", "b.json"]
+    assert log[1].startswith("a: calibrated in 0.0 s")
+    # a resumed sweep calibrates only for networks with points left to measure
+    zoo.sweep(path, ["a", "b"], [1, 8], sweeps=1, settings=settings, gflops={}, log=log.append, measure=measure,
+              calibrate=calibrate)
+    assert len(calls) == 6
+
+    cost = analyse(Block(), (32, 28, 28))
+    stored = json.loads(open(path).read())
+    judged = zoo.judge(stored, synthetic_profile(key="common"), cost_of=lambda name: cost,
+                       own_profile=zoo.own_profiles(path, stored))
+    by_model = {r["model"]: r for r in judged["results"]}
+    predicted = {m: {p["batch_size"]: p["predicted_ms"] for p in r["points"]} for m, r in by_model.items()}
+    assert predicted["b"][1] > predicted["a"][1] + 3 * 1.9  # the slow profile's three convolutions at 2 ms a call
+    assert judged["own_profiles"] == 2 and judged["profile"] == "common"
+    assert "each network against the calibration made just before it." in zoo.markdown(
+        judged, max_gflops=9.5, batch_sizes=[1, 8], clock="cpu")
+    # without its profile file the judgement says which network and what to do
+    (tmp_path / "zoo-profiles" / "b.json").unlink()
+    with pytest.raises(ConfigError, match="b's calibration .*measure b again"):
+        zoo.judge(stored, synthetic_profile(key="common"), cost_of=lambda name: cost,
+                  own_profile=zoo.own_profiles(path, stored))
