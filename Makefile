@@ -29,9 +29,10 @@ bench-identity: venv
 
 # The time model on every torchvision classifier under 9.5 GFLOPs (docs/perf-model.md, "The zoo"): about an hour
 # on a 2-core machine at these batch sizes, resumable (a rerun measures only what docs/zoo.json lacks; more batch
-# sizes or sweeps add only theirs: make bench-zoo ZOO_ARGS="--batch-sizes 1,2,4,8,16,32,64 --sweeps 2").
-# Quiet machine; never part of `make test`.
-ZOO_ARGS ?= --batch-sizes 1,8,32 --sweeps 1
+# sizes or sweeps add only theirs: make bench-zoo ZOO_ARGS="--batch-sizes 1,2,4,8,16,32,64 --sweeps 2"). Each
+# network is judged against a calibration made just before it (kept in docs/zoo-profiles/): a host's speed
+# drifts by the hour. Quiet machine; never part of `make test`.
+ZOO_ARGS ?= --batch-sizes 1,8,32,64 --sweeps 1 --calibrate-each
 bench-zoo: venv
 	$(BIN)/spark-cnn validate --zoo $(ZOO_ARGS) --json docs/zoo.json --markdown docs/zoo.md
 
