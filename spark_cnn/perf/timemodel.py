@@ -6,7 +6,8 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
     t = fixed + work + faults
 
 - **fixed**: the per-call cost (Python module call, dispatch; for a oneDNN convolution also its weights,
-  reordered to the blocked layout on every call of an eager module: a cost per MiB of weights).
+  reordered to the blocked layout on every call of an eager module: a cost per MiB of weights; a
+  convolution run as a GEMM per image has its own, the intercept of calibration's points on that backend).
 - **work**: for convolutions, batch x per-image time, where the per-image time is the padded FLOPs times a
   measured cost per FLOP interpolated (inverse-distance, in log space) among the calibrated convolutions of
   the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
@@ -287,6 +288,7 @@ class _Model:
         self.threshold = profile.mmap_threshold_bytes or float("inf")
         self.curves = {kind: (np.log([p[0] for p in pts]), np.log([p[1] for p in pts]))
                        for kind, pts in profile.curves.items() if pts}
+        self.gemm_conv_call_us = _gemm_conv_call_us(profile)
         self.conv_classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         by_class: dict[str, list[tuple[np.ndarray, float]]] = {}
         for p in profile.conv:
@@ -352,6 +354,8 @@ class _Model:
         return us + fault_us, bound
 
     def _conv_fixed_us(self, shape: _ConvShape) -> float:
+        if shape.backend == "slow2d" and self.gemm_conv_call_us is not None:
+            return self.gemm_conv_call_us
         fixed = self.profile.conv_call_us
         if shape.backend == "mkldnn":
             fixed += shape.weight_mib * self.profile.conv_weight_us_per_mib
@@ -429,6 +433,28 @@ class _Model:
 
 
 _POOL_CURVES = {"max_pool2d_k3s2": (9, 2), "max_pool2d_k3s1": (9, 1), "max_pool2d_k2s2": (4, 2)}
+
+
+def _gemm_conv_call_us(profile: DeviceProfile) -> float | None:
+    """The fixed cost per call of a convolution torch runs as a GEMM per image (backend "slow2d"), from
+    calibration's own points: each shape timed on that backend at two batch sizes gives an intercept, and the
+    median over shapes is kept (None without such shapes). `conv_call_us` is a oneDNN call's (its primitive
+    and its weights' reorder: 125-327 us in the zoo's 43 calibrations on the development host); a GEMM per
+    image paid 48-96 us (median 68). Priced at oneDNN's, 1x1 convolutions on one pixel (squeeze-excitation)
+    came out +61% over the zoo (docs/perf-model.md, "A GEMM convolution's own fixed cost")."""
+    by_shape: dict[tuple, dict[int, float]] = {}
+    for p in profile.conv:
+        if p["backend"] == "slow2d":
+            key = (p["cin"], p["cout"], p["kernel"], p["stride"], p["groups"], p["in_hw"], p.get("nchw", False))
+            by_shape.setdefault(key, {})[p["batch"]] = p["us"]
+    intercepts = []
+    for times in by_shape.values():
+        if len(times) >= 2:
+            (b1, t1), (b2, t2) = sorted(times.items())[:2]
+            slope = (t2 - t1) / (b2 - b1)
+            if slope > 0:  # a pair the noise reversed says nothing about either term
+                intercepts.append(max(t1 - b1 * slope, 0.0))
+    return float(np.median(intercepts)) if intercepts else None
 
 
 def _conv_shape(layer: LayerCost, batch: int, profile: DeviceProfile) -> _ConvShape:

@@ -400,6 +400,35 @@ def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
     assert ms(shuffled, nchw_layer, synthetic_profile()) == pytest.approx(ms(plain, cl_layer, profile), rel=0.01)
 
 
+def test_a_convolution_run_as_a_gemm_pays_the_fixed_cost_of_its_own_backend_by_hand():
+    # A device where a convolution run as a GEMM per image (1x1 below batch 16 on one thread: "slow2d")
+    # costs 7 us a call and a oneDNN one 20: the GEMM's is the intercept of calibration's own slow2d points.
+    gemm_fixed = 7.0
+    points = tuple({**p, "us": p["us"] - 20.0 + gemm_fixed} if p["backend"] == "slow2d" else p
+                   for p in synthetic_conv())
+    profile = synthetic_profile(conv=points)
+    assert timemodel._gemm_conv_call_us(profile) == pytest.approx(gemm_fixed)
+    assert timemodel._gemm_conv_call_us(synthetic_profile()) == pytest.approx(20.0)  # the same as oneDNN's there
+    pointwise = analyse(nn.Sequential(nn.Conv2d(64, 256, 1, bias=False)), (64, 14, 14))  # a grid shape
+    dense = analyse(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False)), (64, 14, 14))
+    backends = set()
+    for batch in (1, 4, 8):  # 4: between the batches calibration timed, where the fixed cost no longer cancels
+        (pw,) = predict_layers_ms(pointwise, profile, batch)[1:2]
+        assert pw[0].op == "conv2d" and layer_kind(pw[0], batch, profile) == "conv:pointwise_gemm"
+        assert pw[1] * 1e3 == pytest.approx(gemm_fixed + pw[0].flops_at(batch) / (GFLOPS * 1e3), rel=1e-3)
+        (dn,) = predict_layers_ms(dense, profile, batch)[1:2]  # a 3x3 one pays its backend's
+        fixed = gemm_fixed if timemodel._conv_shape(dn[0], batch, profile).backend == "slow2d" else 20.0
+        assert dn[1] * 1e3 == pytest.approx(fixed + dn[0].flops_at(batch) / (GFLOPS * 1e3), rel=1e-3)
+        backends.add(fixed)
+    assert backends == {gemm_fixed, 20.0}  # both kinds of 3x3 convolution were priced
+    # a pair that the noise reversed (slower at one image than at eight) is left out; no pairs, no GEMM price
+    reversed_pair = tuple({**p, "us": 500.0 if p["batch"] == 1 else 100.0} if p["backend"] == "slow2d" else p
+                          for p in synthetic_conv())
+    assert timemodel._gemm_conv_call_us(synthetic_profile(conv=reversed_pair)) is None
+    only_onednn = tuple(p for p in synthetic_conv() if p["backend"] != "slow2d")
+    assert timemodel._gemm_conv_call_us(synthetic_profile(conv=only_onednn)) is None
+
+
 def test_a_grouped_convolution_counts_whole_blocks_of_input_channels_by_hand():
     # A device where grouped work runs at GFLOPS on each group's input channels rounded up to oneDNN's block of
     # 16, as this CPU's did: 4 and 8 channels per group cost as 16, 24 as 32; 48 is three whole blocks.

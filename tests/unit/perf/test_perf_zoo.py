@@ -259,7 +259,7 @@ def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp
                        own_profile=zoo.own_profiles(path, stored))
     by_model = {r["model"]: r for r in judged["results"]}
     predicted = {m: {p["batch_size"]: p["predicted_ms"] for p in r["points"]} for m, r in by_model.items()}
-    assert predicted["b"][1] > predicted["a"][1] + 3 * 1.9  # the slow profile's three convolutions at 2 ms a call
+    assert predicted["b"][1] > predicted["a"][1] + 1.9  # the slow profile's oneDNN convolution at 2 ms a call
     assert judged["own_profiles"] == 2 and judged["profile"] == "common"
     assert "each network against the calibration made just before it." in zoo.markdown(
         judged, max_gflops=9.5, batch_sizes=[1, 8], clock="cpu")
