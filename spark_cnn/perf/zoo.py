@@ -160,12 +160,16 @@ def own_profiles(path: str, state: dict[str, Any]) -> Callable[[str], Any]:
         if not stored:
             return None
         where = os.path.join(folder, stored["file"])
+        again = f"measure {name} again (delete its entry in the sweep)"
         try:
             with open(where) as f:
-                return read_profile_text(f.read(), source=f"{name}'s calibration {where}")
+                text = f.read()
         except OSError as e:
-            raise ConfigError(f"{name}'s calibration {where}: cannot read it ({e.strerror or e}); measure "
-                              f"{name} again (delete its entry in the sweep)") from None
+            raise ConfigError(f"{name}'s calibration {where}: cannot read it ({e.strerror or e}); {again}") from None
+        try:
+            return read_profile_text(text, source=f"{name}'s calibration {where}")
+        except ConfigError as e:  # its hint is about exported files; here the cure is a new measurement
+            raise ConfigError(f"{str(e).split('; ')[0]}; {again}") from None
     return own
 
 
@@ -187,6 +191,12 @@ def _calibrated_before(path: str, name: str, entry: dict[str, Any], calibrate: C
 
 def _plain_dict(value: Any) -> Any:
     return json.loads(json.dumps(value, default=list))
+
+
+def _entry(state: dict[str, Any], name: str, gflops: dict[str, float | None]) -> dict[str, Any]:
+    """`name`'s stored measurements, made empty on first use."""
+    return state["models"].setdefault(name, {"gflops": gflops.get(name), "runs": {}, "spreads": {}, "load": [],
+                                             "allocator": None})
 
 
 def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, settings: dict[str, Any], sweeps: int,
@@ -214,13 +224,11 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
         f"({path})")
     for name in models:
         if calibrate is not None and any(t[0] == name for t in todo):
-            entry = state["models"].setdefault(name, {"gflops": gflops.get(name), "runs": {}, "spreads": {},
-                                                      "load": [], "allocator": None})
+            entry = _entry(state, name, gflops)
             log(_calibrated_before(path, name, entry, calibrate))
             save_state(path, state)
         for model, sweep_index, b in (t for t in todo if t[0] == name):
-            entry = state["models"].setdefault(name, {"gflops": gflops.get(name), "runs": {}, "spreads": {},
-                                                      "load": [], "allocator": None})
+            entry = _entry(state, name, gflops)
             load = os.getloadavg()[0]
             started = time.perf_counter()
             try:
@@ -238,8 +246,7 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
             log(f"{name} batch {b} sweep {sweep_index + 1}: {ms:.2f} ms (load {load:.2f}, "
                 f"{time.perf_counter() - started:.1f} s)")
         if name in layers_todo and name not in state["failed"]:
-            entry = state["models"].setdefault(name, {"gflops": gflops.get(name), "runs": {}, "spreads": {},
-                                                      "load": [], "allocator": None})
+            entry = _entry(state, name, gflops)
             entry["layers"] = measure_layers(name, shape, settings["attribute_at"], settings["threads"],
                                              settings["clock"])
             save_state(path, state)

@@ -263,7 +263,11 @@ def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp
     assert judged["own_profiles"] == 2 and judged["profile"] == "common"
     assert "each network against the calibration made just before it." in zoo.markdown(
         judged, max_gflops=9.5, batch_sizes=[1, 8], clock="cpu")
-    # without its profile file the judgement says which network and what to do
+    # a profile of another version, or none: the judgement says which network and what to do
+    (tmp_path / "zoo-profiles" / "b.json").write_text('{"key": "old", "version": 0}')
+    with pytest.raises(ConfigError, match="b's calibration .* version 0; measure b again"):
+        zoo.judge(stored, synthetic_profile(key="common"), cost_of=lambda name: cost,
+                  own_profile=zoo.own_profiles(path, stored))
     (tmp_path / "zoo-profiles" / "b.json").unlink()
     with pytest.raises(ConfigError, match="b's calibration .*measure b again"):
         zoo.judge(stored, synthetic_profile(key="common"), cost_of=lambda name: cost,
