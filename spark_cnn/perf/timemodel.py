@@ -20,6 +20,11 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   weight bytes streamed). Everything else reads its operator's calibrated time-vs-bytes curve, which holds
   its overhead at small sizes and its cache and memory bandwidth at large ones (log-log interpolation).
   Non-leaf modules (Sequentials, blocks) cost one calibrated call each ("<modules>").
+- **cold weights**: a linear layer (or attention) calibrated after 16 MiB of other data finds its weights in
+  the cache; inside a network whose forward moves hundreds of MiB it reads them from DRAM. Calibration's
+  weight-warmth probe (`gemm_bench.time_weight_warmth`) gives how much of that penalty a given amount of
+  traffic causes and how large it is per byte of weights at a given row count; the layer pays the share its
+  network's traffic causes beyond what its own calibration saw.
 - **faults**: fresh pages, the term that grows fastest with the batch on a CPU: glibc gives large tensors
   pages that fault when first written, and which tensors do depends on sizes and lifetimes, so the forward's
   allocations are replayed through a reduced glibc (`spark_cnn.perf.heap`). The sidecar starts with malloc
@@ -121,12 +126,19 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
     layers = (_normalise_layer(cost), *cost.layers, _heads_layer(cost), _modules_layer(cost))
     faulted = (_faulted_bytes(layers, batch, scale, profile, retained=allocator == RETAINED)
                if profile.fault_us_per_page > 0 else None)
+    traffic = _forward_traffic_bytes(layers, batch, scale)
     rows = []
     for i, layer in enumerate(layers):
         fault_us = faulted[i] / PAGE_BYTES * profile.fault_us_per_page if faulted else 0.0
         us, bound = model.layer_us(layer, batch, scale, fault_us)
-        rows.append((layer, us / 1e3, bound))
+        rows.append((layer, (us + model.cold_weights_us(layer, batch, scale, traffic)) / 1e3, bound))
     return rows
+
+
+def _forward_traffic_bytes(layers: Sequence[LayerCost], batch: int, scale: float) -> float:
+    """Bytes through the cache between two calls of one layer in repeated forwards: every layer's weights
+    and outputs once."""
+    return scale * sum(layer.weight_bytes + batch * layer.output_bytes for layer in layers)
 
 
 def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
@@ -307,6 +319,7 @@ class _Model:
                 for g in profile.gemm]
         self.gemm = (np.stack([f for f, _ in gemm]), np.array([y for _, y in gemm])) if gemm else None
         self.gemm_max_rows = max((g["rows"] for g in profile.gemm), default=1)
+        self.warmth = _Warmth.of(profile.weight_warmth)
 
     # interpolation
 
@@ -352,6 +365,16 @@ class _Model:
         us = self.curve_us(curve, nbytes)
         bound = "overhead" if us < 2 * self.curve_us(curve, 0.0) and fault_us < us else "memory"
         return us + fault_us, bound
+
+    def cold_weights_us(self, layer: LayerCost, batch: int, scale: float, traffic_bytes: float) -> float:
+        """What `layer` pays beyond its calibrated time for weights the forward's `traffic_bytes` pushed out of
+        the cache: linear layers and layers made of matrix products (a convolution's weights are read once per
+        call and its arithmetic hides them: pricing them so made the zoo worse)."""
+        if self.warmth is None or not layer.weight_bytes:
+            return 0.0
+        if layer.op not in ("linear", "matmul") and not (layer.macs and _GEMM_SHAPED & set(layer.shape)):
+            return 0.0
+        return self.warmth.extra_us(layer.weight_bytes * scale, _gemm_rows(layer, batch), traffic_bytes)
 
     def _conv_fixed_us(self, shape: _ConvShape) -> float:
         if shape.backend == "slow2d" and self.gemm_conv_call_us is not None:
@@ -430,6 +453,57 @@ class _Model:
         name, (calibrated, _) = min(available.items(), key=lambda kv: (abs(math.log(kv[1][0] / window)),
                                                                       abs(kv[1][1] - stride[0])))
         return self.curve_us(name, out_bytes) * window / calibrated
+
+
+def _gemm_rows(layer: LayerCost, batch: int) -> int:
+    """Rows of the matrix product that reads a layer's weights, for the batch."""
+    s = layer.shape
+    if "embed_dim" in s and "in_features" not in s:
+        return s.get("length", 1) * batch
+    if layer.op == "matmul" or "m" in s:
+        return s.get("m", 1) * s.get("batch", 1) * batch
+    return s.get("rows", 1) * batch
+
+
+class _Warmth:
+    """A profile's weight-warmth probe (gemm_bench.time_weight_warmth), for lookups.
+
+    The share of the cold penalty a layer pays is f(traffic) - f(own), where f rises from 0 to 1 along the
+    probe's curve (time against the bytes through the cache between two calls, normalised between its first
+    and last point) and `own` is what calibration put through the cache before timing the layer: its
+    pollution and the layer's own weights. The full penalty is the probe's, per byte of weights, at the
+    layer's row count (log-interpolated); beyond the largest probed rows it fades to nothing over one
+    doubling, where the arithmetic hides it."""
+
+    def __init__(self, curve: Sequence[Sequence[float]], extra: Sequence[Sequence[float]], probe_bytes: float):
+        times = np.array([us for _, us in curve])
+        span = times[-1] - times[0]
+        self.xs = np.log([b for b, _ in curve])
+        self.fs = np.maximum.accumulate(np.clip((times - times[0]) / span, 0.0, 1.0))
+        self.pollution = curve[0][0] - probe_bytes
+        self.rows = np.log([r for r, _ in extra])
+        self.per_byte = np.array([max(us, 0.0) / probe_bytes for _, us in extra])
+
+    @classmethod
+    def of(cls, warmth: dict[str, Any]) -> _Warmth | None:
+        curve, extra = warmth.get("curve") or (), warmth.get("cold_extra") or ()
+        if len(curve) < 2 or not extra or curve[-1][1] <= curve[0][1]:
+            return None  # not measured, or no slower when cold: nothing to price
+        return cls(curve, extra, float(warmth["weight_bytes"]))
+
+    def share(self, bytes_through: float) -> float:
+        """f: 0 at the probe's first point and below, 1 at its last and beyond."""
+        return float(np.interp(math.log(max(bytes_through, 1.0)), self.xs, self.fs))
+
+    def extra_us(self, weight_bytes: float, rows: int, traffic_bytes: float) -> float:
+        share = self.share(traffic_bytes) - self.share(self.pollution + weight_bytes)
+        if share <= 0:
+            return 0.0
+        x = math.log(max(rows, 1))
+        per_byte = float(np.interp(x, self.rows, self.per_byte))
+        if x > self.rows[-1]:
+            per_byte *= max(0.0, 1.0 - (x - self.rows[-1]) / math.log(2))
+        return weight_bytes * per_byte * share
 
 
 _POOL_CURVES = {"max_pool2d_k3s2": (9, 2), "max_pool2d_k3s1": (9, 1), "max_pool2d_k2s2": (4, 2)}

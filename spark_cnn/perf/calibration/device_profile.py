@@ -30,7 +30,7 @@ from spark_cnn.models.timing import CLOCKS
 from spark_cnn.perf.calibration.conv_bench import time_convolutions
 from spark_cnn.perf.calibration.curve_bench import time_curves
 from spark_cnn.perf.calibration.fault_bench import time_faults
-from spark_cnn.perf.calibration.gemm_bench import time_gemms
+from spark_cnn.perf.calibration.gemm_bench import WARMTH_MIN_BUDGET_S, time_gemms, time_weight_warmth
 from spark_cnn.perf.calibration.harness import Budget
 from spark_cnn.perf.calibration.host_load import load_between, snapshot, ticks_per_second
 from spark_cnn.perf.calibration.profile_file import clear_stale, stale_reason
@@ -81,6 +81,9 @@ class DeviceProfile:
     - `host`: where it was calibrated; `load`: how busy that host was meanwhile (host_load.load_between);
       `repeatability`: how far a sample of benchmarks moved when timed again (repeatability.py), and in how
       many attempts. Profiles written before these were recorded read them as empty.
+    - `weight_warmth` (CPU): how a linear layer slows down when more data passed through the cache since its
+      last call (gemm_bench.time_weight_warmth); empty on a GPU, with a small budget, and in profiles written
+      before it was measured (calibrate() measures those again), which then price weights as the GEMM table.
     """
 
     key: str
@@ -106,11 +109,12 @@ class DeviceProfile:
     host: str = ""
     load: dict[str, Any] = field(default_factory=dict)
     repeatability: dict[str, Any] = field(default_factory=dict)
+    weight_warmth: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.threads < 1:
             raise ConfigError(f"DeviceProfile {self.key!r}: threads must be >= 1, got {self.threads}")
-        for name in ("call_us", "curves", "load", "repeatability"):
+        for name in ("call_us", "curves", "load", "repeatability", "weight_warmth"):
             object.__setattr__(self, name, _frozen(dict(getattr(self, name))))
         for name in ("conv", "gemm", "h2d", "notes"):
             object.__setattr__(self, name, _frozen(list(getattr(self, name))))
@@ -228,7 +232,9 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     if not refresh and os.path.exists(path) and stale_reason(path) is None:
         try:
             with open(path) as f:
-                return DeviceProfile.from_json(f.read())
+                cached = DeviceProfile.from_json(f.read())
+            if cached.weight_warmth or not _measures_warmth(resolved, cached.budget_s):
+                return cached  # (a profile that should hold the weight-warmth probe and does not predates it)
         except (OSError, ConfigError):
             pass  # unreadable or of another version: measure again and overwrite
     if resolved.type == "cuda":
@@ -249,6 +255,12 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     os.replace(partial, path)
     clear_stale(path)
     return profile
+
+
+def _measures_warmth(device: torch.device, budget_s: float) -> bool:
+    """Whether a calibration of `device` with `budget_s` times the weight-warmth probe (a CPU's, given enough
+    time); a cached profile whose budget should have timed it and that does not hold it is measured again."""
+    return device.type == "cpu" and budget_s >= WARMTH_MIN_BUDGET_S
 
 
 # Set in the child calibrate() starts with the sidecar's malloc settings: it measures in-process, whatever
@@ -294,6 +306,7 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
         curves, call_us = time_curves(bench)
         conv, conv_call_us, conv_weight_us = time_convolutions(bench, threads)
         gemm = time_gemms(bench)
+        warmth = time_weight_warmth(bench) if _measures_warmth(device, budget_s) else {}
         curves.update(time_sidecar_stages(bench))
         decode_ms = time_decode(bench)
         h2d = time_h2d(bench)
@@ -313,4 +326,4 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
                          call_us=call_us, curves=curves, conv=tuple(conv), conv_call_us=conv_call_us,
                          conv_weight_us_per_mib=conv_weight_us, gemm=tuple(gemm), decode_ms=decode_ms, h2d=h2d,
                          notes=notes, host=socket.gethostname(), load=load,
-                         repeatability=repeatability.as_dict())
+                         repeatability=repeatability.as_dict(), weight_warmth=warmth)

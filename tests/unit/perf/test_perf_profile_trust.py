@@ -38,7 +38,7 @@ from spark_cnn.perf.calibration.repeatability import (
     steady,
 )
 from spark_cnn.perf.placement import DECODE_HEADROOM
-from tests.unit.perf.test_perf_timemodel import synthetic_profile
+from tests.unit.perf.test_perf_timemodel import WARMTH, synthetic_profile
 
 QUIET = {"cores": 2, "loadavg_start": 0.1, "loadavg_end": 0.2, "steal_share": 0.0, "others_cpu_share": 0.02,
          "busy": False}
@@ -247,13 +247,35 @@ def test_a_profile_marked_stale_is_not_a_start_point_and_is_measured_again(tmp_p
     assert startpoint.cached_profile("cpu", 1, cache) is None
     assert startpoint.cached_profile("cpu", 1, cache, include_stale=True) == profile
 
-    fresh = dataclasses.replace(profile, created="2027-01-01T00:00:00+00:00")
+    fresh = dataclasses.replace(profile, created="2027-01-01T00:00:00+00:00", weight_warmth=WARMTH)
     monkeypatch.setattr(device_profile, "_needs_sidecar_allocator", lambda: False)
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: fresh)
     assert real_calibrate("cpu", threads=1, cache_dir=cache).created == fresh.created  # stale: measured again
     assert stale_reason(path) is None and startpoint.cached_profile("cpu", 1, cache).created == fresh.created
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
     assert real_calibrate("cpu", threads=1, cache_dir=cache).created == fresh.created  # not stale: the cache
+
+
+def test_a_cached_cpu_profile_without_the_weight_warmth_probe_is_measured_again(tmp_path, monkeypatch):
+    cache = str(tmp_path)
+    key = device_profile.device_key("cpu", 1)
+    monkeypatch.setattr(device_profile, "_needs_sidecar_allocator", lambda: False)
+    monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
+    # calibrated with a budget too small for the probe: the cache, whatever budget is asked now
+    quick = dataclasses.replace(synthetic_profile(), key=key, budget_s=device_profile.WARMTH_MIN_BUDGET_S - 1)
+    with open(cache_path("cpu", 1, cache), "w") as f:
+        f.write(quick.to_json())
+    assert real_calibrate("cpu", threads=1, cache_dir=cache) == quick
+    # calibrated with the time for it but before the probe existed: measured again
+    older = dataclasses.replace(quick, budget_s=device_profile.DEFAULT_BUDGET_S)
+    with open(cache_path("cpu", 1, cache), "w") as f:
+        f.write(older.to_json())
+    measured = dataclasses.replace(older, created="2027-01-01T00:00:00+00:00", weight_warmth=WARMTH)
+    monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: measured)
+    assert real_calibrate("cpu", threads=1, cache_dir=cache).weight_warmth == measured.weight_warmth
+    monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
+    again = real_calibrate("cpu", threads=1, cache_dir=cache)  # now it is the cache
+    assert again.created == measured.created and again.weight_warmth == measured.weight_warmth
 
 
 def test_a_sidecar_starts_from_the_jobs_profile_when_it_is_for_its_kind_of_device(tmp_path, monkeypatch):

@@ -602,3 +602,82 @@ def test_layer_cost_helpers_for_pseudo_layers(digits_cost):
     normalise = timemodel._normalise_layer(digits_cost)
     assert isinstance(normalise, LayerCost) and normalise.input_bytes == 3 * 32 * 32
     assert timemodel._heads_layer(digits_cost).shape["numel"] == 10
+
+
+# --- weights a large network pushes out of the cache ----------------------------------------------------------
+
+
+MIB = 1 << 20
+# A probe of 8 MiB of weights no slower with up to 32 MiB of other data through the cache, half its penalty
+# more at 64, all of it from 128 on; the whole penalty is 400 us at one row and 800 at 64.
+WARMTH = {"weight_bytes": 8 * MIB,
+          "curve": ((24.0 * MIB, 1000.0), (40.0 * MIB, 1000.0), (72.0 * MIB, 1500.0), (136.0 * MIB, 2000.0)),
+          "cold_extra": ((1, 400.0), (64, 800.0))}
+
+
+def test_weights_a_large_network_pushed_out_of_the_cache_cost_the_probes_penalty_by_hand():
+    # 144 MiB of weights in the first layer: a forward moves more than the probe's last point, so the second
+    # layer (6 MiB of weights, less than what calibration wrote before timing it: 16 MiB, the probe's first
+    # point less its own weights) pays the whole penalty; the first, whose own weights already overflowed
+    # calibration's cache, pays nothing more.
+    cost = analyse(nn.Sequential(nn.Linear(6144, 6144), nn.ReLU(), nn.Linear(6144, 256)), (6144,))
+    small = 6144 * 256 * 4 + 256 * 4
+    assert cost.layers[2].weight_bytes == small
+    warm, cold = synthetic_profile(), synthetic_profile(weight_warmth=WARMTH)
+    per_byte_at_64 = 800.0 / (8 * MIB)
+    for batch, per_byte in ((1, 400.0 / (8 * MIB)), (8, 600.0 / (8 * MIB)), (64, per_byte_at_64),
+                            (90, per_byte_at_64 * (1 - math.log2(90 / 64))), (128, 0.0), (256, 0.0)):
+        before = predict_layers_ms(cost, warm, batch)
+        after = predict_layers_ms(cost, cold, batch)
+        extra_us = [(b[1] - a[1]) * 1e3 for a, b in zip(before, after, strict=True)]
+        assert [row[0].name for row in after[1:4]] == [layer.name for layer in cost.layers]  # after <normalise>
+        assert extra_us[3] == pytest.approx(small * per_byte, rel=1e-6, abs=1e-9)
+        assert extra_us[1] == pytest.approx(0.0, abs=1e-9)  # the first linear layer
+        assert sum(extra_us) == pytest.approx(extra_us[3], abs=1e-9)  # nothing else
+    # on its own (6 MiB of weights and a few KiB moved per forward) the small layer keeps its calibrated time
+    alone = analyse(nn.Sequential(nn.Linear(6144, 256)), (6144,))
+    assert predict_batch_ms(alone, cold, 8) == pytest.approx(predict_batch_ms(alone, warm, 8))
+
+
+def test_the_share_of_the_cold_penalty_follows_the_probes_curve_by_hand():
+    warmth = timemodel._Warmth.of(WARMTH)
+    assert warmth.pollution == pytest.approx(16 * MIB)
+    assert warmth.share(10 * MIB) == 0.0 and warmth.share(40 * MIB) == 0.0
+    assert warmth.share(56 * MIB) == pytest.approx(0.5 * math.log(56 / 40) / math.log(72 / 40))
+    assert warmth.share(104 * MIB) == pytest.approx(0.5 + 0.5 * math.log(104 / 72) / math.log(136 / 72))
+    assert warmth.share(1 << 40) == 1.0
+    # a layer of 56 MiB at one row in a forward moving 136 MiB: calibration had put 16 + 56 = 72 MiB through
+    # the cache, half the penalty; the other half is left
+    assert warmth.extra_us(56 * MIB, 1, 136 * MIB) == pytest.approx(56 * MIB * 400.0 / (8 * MIB) * 0.5)
+    # a noisy curve never goes back down; no probe, or one no slower when cold, prices nothing
+    bumpy = {**WARMTH, "curve": ((24.0 * MIB, 1000.0), (40.0 * MIB, 900.0), (72.0 * MIB, 1500.0),
+                                 (136.0 * MIB, 2000.0))}
+    assert timemodel._Warmth.of(bumpy).share(40 * MIB) == 0.0
+    assert timemodel._Warmth.of({}) is None
+    assert timemodel._Warmth.of({**WARMTH, "curve": ((24.0 * MIB, 1000.0), (136.0 * MIB, 990.0))}) is None
+
+
+def test_a_convolutions_weights_are_not_priced_cold():
+    cost = analyse(nn.Sequential(nn.Conv2d(512, 512, 3, padding=1, bias=False), nn.Flatten(),
+                                 nn.Linear(512 * 49, 1536)), (512, 7, 7))  # 9 + 147 MiB of weights
+    warm, cold = synthetic_profile(), synthetic_profile(weight_warmth=WARMTH)
+    before, after = predict_layers_ms(cost, warm, 1), predict_layers_ms(cost, cold, 1)
+    conv = [i for i, (layer, _, _) in enumerate(before) if layer.op == "conv2d"]
+    assert conv and all(after[i][1] == before[i][1] for i in conv)
+
+
+def test_the_weight_warmth_probe_times_one_linear_layer_after_more_and_more_writing(monkeypatch):
+    from spark_cnn.perf.calibration import gemm_bench
+
+    monkeypatch.setattr(gemm_bench, "WARMTH_STEPS", 2)
+    monkeypatch.setattr(gemm_bench, "WARMTH_REPEATS", 1)
+    monkeypatch.setattr(gemm_bench, "pollute_bytes", lambda: 1 << 20)
+    with torch.inference_mode():
+        warmth = gemm_bench.time_weight_warmth(Bench(torch.device("cpu"), Budget(60.0)))
+    weights = (768 * 3072 + 3072) * 4
+    assert warmth["weight_bytes"] == weights
+    assert [b for b, _ in warmth["curve"]] == [weights + (1 << 20), weights + (2 << 20)]
+    assert all(us > 0 for _, us in warmth["curve"])
+    assert [rows for rows, _ in warmth["cold_extra"]] == list(gemm_bench.WARMTH_ROWS)
+    profile = synthetic_profile(weight_warmth=warmth)
+    assert DeviceProfile.from_json(profile.to_json()) == profile  # kept in the profile as measured
