@@ -94,8 +94,9 @@ _CURVES = {"relu": "relu", "relu6": "relu6", "hardtanh": "relu6", "clamp": "relu
            "normalise": "normalise", "heads": "heads"}
 _KEYED_ON_INPUT = {"adaptive_avg_pool2d", "mean", "sum", "adaptive_max_pool2d"}
 _MODULE_CALLS = {"dropout", "identity", "stochastic_depth", "flatten"}
-# Shape fields of a layer whose costliest operator is a matrix product (linear, matmul, attention).
-_GEMM_SHAPED = {"in_features", "embed_dim", "k"}
+# Shape fields of a layer whose costliest operator is a matrix product (linear, matmul, attention, and a bare
+# scaled_dot_product_attention, whose shape names only heads and lengths).
+_GEMM_SHAPED = {"in_features", "embed_dim", "k", "head_dim"}
 
 
 def _check(profile: DeviceProfile, batch: int, precision: str) -> None:
@@ -429,12 +430,15 @@ class _Model:
         shape (the attention's projection), plus a streaming pass over what all its operators write (a
         LayerCost's output bytes are its operators' sum).
         Read from the output curve alone, swin_t's attention was predicted at a quarter of its measured time
-        and vit_b_32's at nothing (docs/perf-model.md, "The zoo")."""
+        and vit_b_32's at nothing (docs/perf-model.md, "The zoo"), and timm's deit_tiny's fused
+        scaled_dot_product_attention at 4% of it (docs/perf-model.md, "Networks the model was not built on")."""
         s = layer.shape
         if "in_features" in s:
             rows, k, n = s.get("rows", 1), s["in_features"], s.get("out_features", 1)
         elif "embed_dim" in s:
             rows, k, n = s.get("length", 1), s["embed_dim"], s["embed_dim"]
+        elif "head_dim" in s:  # F.scaled_dot_product_attention: per head, queries x keys, then x values
+            rows, k, n = s.get("heads", 1) * s.get("length", 1), s["head_dim"], s.get("source_length", 1)
         else:
             rows, k, n = s.get("m", 1) * s.get("batch", 1), s.get("k", 1), s.get("n", 1)
         rows *= batch

@@ -196,6 +196,28 @@ def test_attention_is_priced_by_its_multiply_adds_at_the_gemm_rate():
     assert bound == "compute" and us == pytest.approx(by_hand, rel=0.07)
 
 
+def test_a_fused_scaled_dot_product_attention_is_priced_by_its_multiply_adds_too():
+    # timm's transformers call F.scaled_dot_product_attention, whose layer names only heads, lengths and the
+    # head width: read from the output curve, deit_tiny's came out at 4% of its measured time
+    import torch.nn.functional as F  # noqa: N812
+
+    from spark_cnn.perf.layers import analyse
+    from spark_cnn.perf.timemodel import _Model
+    from tests.unit.perf.test_perf_timemodel import CALL_US, GFLOPS, US_PER_BYTE
+
+    class Attend(nn.Module):
+        def forward(self, x):
+            q = x.view(1, 256, 4, 256).transpose(1, 2)  # 4 heads of 256 over 256 tokens
+            return F.scaled_dot_product_attention(q, q, q)
+
+    (layer,) = [layer for layer in analyse(Attend(), (256, 1024)).layers if "scaled_dot_product" in layer.op]
+    heads, length, width, batch = 4, 256, 256, 8
+    assert layer.macs == 2 * heads * length * length * width  # scores, then values
+    us, bound = _Model.of(synthetic_profile()).layer_us(layer, batch, 1.0, 0.0)
+    by_hand = 2 * layer.macs * batch / (GFLOPS * 1e3) + CALL_US + layer.output_bytes * batch * US_PER_BYTE
+    assert bound == "compute" and us == pytest.approx(by_hand, rel=0.07)
+
+
 def _make_recipe(target: str) -> tuple[list[str], dict[str, str]]:
     """The command lines of a Makefile target, and the Makefile's `?=` defaults."""
     lines = open("Makefile").read().splitlines()
