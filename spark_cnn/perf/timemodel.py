@@ -375,7 +375,7 @@ class _Model:
             return 0.0
         if layer.op not in ("linear", "matmul") and not (layer.macs and _GEMM_SHAPED & set(layer.shape)):
             return 0.0
-        return self.warmth.extra_us(layer.weight_bytes * scale, _gemm_rows(layer, batch), traffic_bytes)
+        return self.warmth.extra_us(layer.weight_bytes * scale, _gemm_shape(layer)[0] * batch, traffic_bytes)
 
     def _conv_fixed_us(self, shape: _ConvShape) -> float:
         if shape.backend == "slow2d" and self.gemm_conv_call_us is not None:
@@ -416,11 +416,8 @@ class _Model:
         return base * math.exp(self._idw(self.gemm, query, GEMM_FEATURE_WEIGHTS))
 
     def _linear_us(self, layer: LayerCost, batch: int) -> tuple[float, str]:
-        s = layer.shape
-        if layer.op == "linear":
-            rows, k, n = s.get("rows", 1) * batch, s.get("in_features", 1), s.get("out_features", 1)
-        else:
-            rows, k, n = s.get("m", 1) * s.get("batch", 1) * batch, s.get("k", 1), s.get("n", 1)
+        rows, k, n = _gemm_shape(layer)
+        rows *= batch
         compute = 2 * rows * k * n / NOMINAL_FLOPS_PER_US
         return self._gemm_us(rows, k, n), "compute" if compute >= k * n * FP32 / NOMINAL_BYTES_PER_US else "memory"
 
@@ -432,15 +429,7 @@ class _Model:
         Read from the output curve alone, swin_t's attention was predicted at a quarter of its measured time
         and vit_b_32's at nothing (docs/perf-model.md, "The zoo"), and timm's deit_tiny's fused
         scaled_dot_product_attention at 4% of it (docs/perf-model.md, "Networks the model was not built on")."""
-        s = layer.shape
-        if "in_features" in s:
-            rows, k, n = s.get("rows", 1), s["in_features"], s.get("out_features", 1)
-        elif "embed_dim" in s:
-            rows, k, n = s.get("length", 1), s["embed_dim"], s["embed_dim"]
-        elif "head_dim" in s:  # F.scaled_dot_product_attention: per head, queries x keys, then x values
-            rows, k, n = s.get("heads", 1) * s.get("length", 1), s["head_dim"], s.get("source_length", 1)
-        else:
-            rows, k, n = s.get("m", 1) * s.get("batch", 1), s.get("k", 1), s.get("n", 1)
+        rows, k, n = _gemm_shape(layer)
         rows *= batch
         per_mac = self._gemm_us(rows, k, n) / (rows * k * n)
         return per_mac * layer.macs * batch + self.curve_us("relu_out", layer.output_bytes * batch * scale)
@@ -459,14 +448,18 @@ class _Model:
         return self.curve_us(name, out_bytes) * window / calibrated
 
 
-def _gemm_rows(layer: LayerCost, batch: int) -> int:
-    """Rows of the matrix product that reads a layer's weights, for the batch."""
+def _gemm_shape(layer: LayerCost) -> tuple[int, int, int]:
+    """(rows per image, k, n) of the matrix product that prices a layer: a linear layer's (also the projection
+    of torchvision's shifted-window attention), a MultiheadAttention's projection, one head's product of a
+    fused scaled_dot_product_attention (queries x keys, then x values), or a matmul's."""
     s = layer.shape
-    if "embed_dim" in s and "in_features" not in s:
-        return s.get("length", 1) * batch
-    if layer.op == "matmul" or "m" in s:
-        return s.get("m", 1) * s.get("batch", 1) * batch
-    return s.get("rows", 1) * batch
+    if "in_features" in s:
+        return s.get("rows", 1), s["in_features"], s.get("out_features", 1)
+    if "embed_dim" in s:
+        return s.get("length", 1), s["embed_dim"], s["embed_dim"]
+    if "head_dim" in s:
+        return s.get("heads", 1) * s.get("length", 1), s["head_dim"], s.get("source_length", 1)
+    return s.get("m", 1) * s.get("batch", 1), s.get("k", 1), s.get("n", 1)
 
 
 class _Warmth:
