@@ -369,10 +369,15 @@ class _Model:
 
     def cold_weights_us(self, layer: LayerCost, batch: int, scale: float, traffic_bytes: float) -> float:
         """What `layer` pays beyond its calibrated time for weights the forward's `traffic_bytes` pushed out of
-        the cache: linear layers and layers made of matrix products (a convolution's weights are read once per
-        call and its arithmetic hides them: pricing them so made the zoo worse)."""
+        the cache: linear layers and layers made of matrix products at their row count; convolutions at one
+        row, whatever the batch, as they read their weights once per call (oneDNN reorders them; a GEMM per
+        image reads them cold for the first image only). Priced at their row count instead, a convolution's
+        thousands of rows priced nothing; at one row, resnet50 at batch 1 went from -13% to -9% and
+        efficientnet_b6 from -10% to -3% (docs/perf-model.md, "Convolution weights that come from memory")."""
         if self.warmth is None or not layer.weight_bytes:
             return 0.0
+        if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
+            return self.warmth.extra_us(layer.weight_bytes * scale, 1, traffic_bytes)
         if layer.op not in ("linear", "matmul") and not (layer.macs and _GEMM_SHAPED & set(layer.shape)):
             return 0.0
         return self.warmth.extra_us(layer.weight_bytes * scale, _gemm_shape(layer)[0] * batch, traffic_bytes)

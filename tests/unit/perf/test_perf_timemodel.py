@@ -657,13 +657,21 @@ def test_the_share_of_the_cold_penalty_follows_the_probes_curve_by_hand():
     assert timemodel._Warmth.of({**WARMTH, "curve": ((24.0 * MIB, 1000.0), (136.0 * MIB, 990.0))}) is None
 
 
-def test_a_convolutions_weights_are_not_priced_cold():
+def test_a_convolution_pays_the_one_row_penalty_once_per_call_whatever_the_batch():
+    # 9 MiB of convolution weights behind 147 MiB of linear ones: a forward moves more than the probe's last
+    # point, and calibration had put 16 + 9 MiB through the cache (no share of the curve), so the convolution
+    # pays the whole penalty at one row, 400 us per 8 MiB, once per call: the same at batch 1 and batch 64
     cost = analyse(nn.Sequential(nn.Conv2d(512, 512, 3, padding=1, bias=False), nn.Flatten(),
-                                 nn.Linear(512 * 49, 1536)), (512, 7, 7))  # 9 + 147 MiB of weights
+                                 nn.Linear(512 * 49, 1536)), (512, 7, 7))
     warm, cold = synthetic_profile(), synthetic_profile(weight_warmth=WARMTH)
-    before, after = predict_layers_ms(cost, warm, 1), predict_layers_ms(cost, cold, 1)
-    conv = [i for i, (layer, _, _) in enumerate(before) if layer.op == "conv2d"]
-    assert conv and all(after[i][1] == before[i][1] for i in conv)
+    weights = 512 * 512 * 9 * 4
+    for batch in (1, 8, 64):
+        before, after = predict_layers_ms(cost, warm, batch), predict_layers_ms(cost, cold, batch)
+        (conv,) = [i for i, (layer, _, _) in enumerate(before) if layer.op == "conv2d"]
+        assert (after[conv][1] - before[conv][1]) * 1e3 == pytest.approx(weights * 400.0 / (8 * MIB), rel=1e-6)
+    # a small network's convolutions keep their calibrated time: its forward moves less than calibration did
+    small = analyse(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU()), (64, 14, 14))
+    assert predict_batch_ms(small, cold, 8) == pytest.approx(predict_batch_ms(small, warm, 8))
 
 
 def test_the_weight_warmth_probe_times_one_linear_layer_after_more_and_more_writing(monkeypatch):
