@@ -16,8 +16,8 @@ from torch import nn
 from spark_cnn.perf.calibration.harness import Bench, fresh
 
 __all__ = ["CONV_BATCHES", "CONV_GRID", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES", "DEPTHWISE_NCHW_GRID",
-           "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW", "POINTWISE_ONEDNN_BATCH", "conv_backend",
-           "time_convolutions"]
+           "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW", "POINTWISE_ONEDNN_BATCH", "STRIDED_GROUPED",
+           "conv_backend", "time_convolutions"]
 
 # Timed at a small and a medium batch: per-image time changes with the batch (weights are reordered once per
 # call; large activations leave the cache), and the time model interpolates in between.
@@ -38,6 +38,12 @@ POINTWISE_ONEDNN_BATCH = 16
 # convolutions"). Generic channel counts, timed at every batch as the grid's other grouped shapes.
 GROUPED_WIDTHS = ((96, 96, 3, 1, 24, 56), (192, 192, 3, 1, 8, 28), (384, 384, 3, 1, 8, 14), (768, 768, 3, 1, 24, 7),
                   (768, 768, 3, 1, 6, 7), (384, 384, 3, 2, 16, 28))
+# Strided grouped convolutions at 16 channels per group (oneDNN's block), the width RegNet's downsampling blocks
+# use: timed as calibration times, Conv2d(320, 320, 3, 2, groups=20) on 28x28 took 325 us per image at batch 8
+# and 571-594 at 32 and 64, where the grid's strided shape at 24 per group stays flat, so the model priced
+# regnet_y_800mf's four at -61% to -73% of their time at batch 64 (docs/perf-model.md, "Strided grouped
+# convolutions at large batches"). Generic channel counts, timed at every batch as the other grouped shapes.
+STRIDED_GROUPED = ((256, 256, 3, 2, 16, 28), (128, 128, 3, 2, 8, 56))
 # The convolution grid: (cin, cout, kernel, stride, groups, in_hw). Generic shapes on the manifold CNNs live on
 # (channels x pixels per side between ~900 and ~7000), plus channel counts off the multiples of 16 that oneDNN
 # blocks by, 3-channel image inputs, strides, depthwise and grouped. Ordered so a prefix spans the kinds.
@@ -65,7 +71,7 @@ CONV_GRID: tuple[tuple[int, int, int, int, int, int], ...] = (
     (64, 256, 3, 1, 1, 13), (16, 8, 1, 1, 1, 1), (576, 144, 1, 1, 1, 1), (144, 576, 1, 1, 1, 1),
     (1024, 1024, 1, 1, 1, 7), (832, 256, 1, 1, 1, 7), (480, 192, 1, 1, 1, 14), (192, 16, 1, 1, 1, 28),
     (116, 116, 1, 1, 1, 28), (232, 232, 3, 1, 232, 14), (58, 58, 1, 1, 1, 28), (24, 24, 3, 2, 24, 112),
-    *GROUPED_WIDTHS,
+    *GROUPED_WIDTHS, *STRIDED_GROUPED,
 )
 # Depthwise convolutions on an NCHW input (the layout a model's own `.contiguous()` leaves, as shufflenet's
 # channel shuffle does): 2 to 3 times their channels-last time, so a class of their own, timed at every batch.

@@ -298,7 +298,7 @@ def test_small_output_and_grouped_convolutions_are_timed_at_the_large_batch():
         chosen = (cin, cout, kernel, stride, groups, in_hw) in large
         assert chosen == (groups > 1 or out_hw <= LARGE_CONV_MAX_OUT_HW)
     assert any(groups > 1 and in_hw >= 56 for *_, groups, in_hw in large)  # memory-bound ones leave the cache
-    assert 40 <= len(large) <= 60  # the section's share is sized for about 53 of them
+    assert 40 <= len(large) <= 64  # the section's share is sized for about 61 of them (a full calibration kept all)
     kinds = {"grouped" if groups > 1 else "pointwise" if kernel == 1 else "kxk"
              for _, _, kernel, _, groups, _ in large[:10]}
     assert kinds == {"grouped", "pointwise", "kxk"}  # a prefix (a small budget) spans the kinds
