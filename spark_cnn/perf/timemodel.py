@@ -144,7 +144,8 @@ def _forward_traffic_bytes(layers: Sequence[LayerCost], batch: int, scale: float
 
 def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
     """What prices `layer` at `batch`: a convolution's class ("conv:conv", "conv:pointwise",
-    "conv:pointwise_gemm", "conv:depthwise", "conv:depthwise_nchw" on an NCHW input, "conv:grouped";
+    "conv:pointwise_gemm", "conv:pointwise_nchw" and "conv:depthwise_nchw" on an NCHW input, "conv:depthwise",
+    "conv:grouped";
     "conv:squeeze" for a 1x1 convolution on one pixel, squeeze-excitation's), else its op ("relu",
     "hardswish", "layer_norm", "contiguous", ...)."""
     if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
@@ -250,7 +251,9 @@ def _conv_class(cin: int, cout: int, kernel: tuple[int, int], groups: int, backe
     if groups > 1:
         return "grouped"
     if kernel == (1, 1):
-        return "pointwise_gemm" if backend == "slow2d" else "pointwise"
+        if backend == "slow2d":
+            return "pointwise_gemm"
+        return "pointwise_nchw" if nchw and backend == "mkldnn" else "pointwise"
     return "conv"
 
 
@@ -544,7 +547,7 @@ def _conv_shape(layer: LayerCost, batch: int, profile: DeviceProfile) -> _ConvSh
 
 
 # A class without calibrated points (a profile whose budget ended before them) is read from its nearest kin.
-_CLASS_FALLBACK = {"depthwise_nchw": "depthwise"}
+_CLASS_FALLBACK = {"depthwise_nchw": "depthwise", "pointwise_nchw": "pointwise"}
 
 
 # --- page faults (spark_cnn.perf.heap replays the allocations) -----------------------------------------------

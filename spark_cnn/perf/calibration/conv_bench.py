@@ -15,9 +15,10 @@ from torch import nn
 
 from spark_cnn.perf.calibration.harness import Bench, fresh
 
-__all__ = ["CONV_BATCHES", "CONV_GRID", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES", "DEPTHWISE_NCHW_GRID",
-           "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW", "POINTWISE_ONEDNN_BATCH", "STRIDED_GROUPED",
-           "conv_backend", "time_convolutions"]
+__all__ = ["CONV_BATCHES", "CONV_GRID", "CONV_GRID_REVISION", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES",
+           "DEPTHWISE_NCHW_GRID", "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW",
+           "LARGE_POINTWISE_BATCH", "LARGE_POINTWISE_GRID", "POINTWISE_NCHW_BATCHES", "POINTWISE_NCHW_GRID",
+           "POINTWISE_ONEDNN_BATCH", "STRIDED_GROUPED", "conv_backend", "time_convolutions"]
 
 # Timed at a small and a medium batch: per-image time changes with the batch (weights are reordered once per
 # call; large activations leave the cache), and the time model interpolates in between.
@@ -78,6 +79,23 @@ CONV_GRID: tuple[tuple[int, int, int, int, int, int], ...] = (
 DEPTHWISE_NCHW_GRID = ((96, 96, 3, 1, 96, 56), (144, 144, 3, 2, 144, 56), (240, 240, 3, 1, 240, 28),
                        (480, 480, 3, 2, 480, 28), (1152, 1152, 3, 1, 1152, 7), (32, 32, 3, 1, 32, 112))
 DEPTHWISE_NCHW_BATCHES = (1, 8, LARGE_CONV_BATCH)
+# 1x1 convolutions on oneDNN (batch >= 16) on an NCHW input (shufflenet's branches after its shuffle): oneDNN
+# reorders it first, 1.2 to 2 times the channels-last time at 7 to 56 pixels (timed as calibration times, with
+# the sidecar's allocator); a class of their own. Below batch 16 torch runs them as a GEMM per image, which
+# reads NCHW as it is: no class there.
+POINTWISE_NCHW_GRID = ((96, 96, 1, 1, 1, 28), (48, 48, 1, 1, 1, 56), (192, 192, 1, 1, 1, 14), (384, 384, 1, 1, 1, 7))
+POINTWISE_NCHW_BATCHES = (POINTWISE_ONEDNN_BATCH, 64)
+# Channels-last 1x1 convolutions at 28 to 56 pixels at batch 64 too, the zoo's largest, which otherwise reads
+# batch 16's rate: from 16 to 64 the time per image stayed flat for some shapes and grew 1.7 times for others
+# (Conv2d(116, 116, 1) on 28x28: 193 and 333 us per image in one run, 188 and 184 in the next). Shapes of the
+# grid, the larger activations first.
+LARGE_POINTWISE_BATCH = 64
+LARGE_POINTWISE_GRID = ((64, 256, 1, 1, 1, 56), (144, 24, 1, 1, 1, 56), (256, 64, 1, 1, 1, 56), (24, 144, 1, 1, 1, 56),
+                        (116, 116, 1, 1, 1, 28), (240, 40, 1, 1, 1, 28), (128, 512, 1, 1, 1, 28), (58, 58, 1, 1, 1, 28))
+# Raised when the grid gains shapes the time model reads (a profile records the revision it timed, and a cached
+# one of an earlier revision is measured again): 1 added STRIDED_GROUPED, LARGE_POINTWISE_GRID and
+# POINTWISE_NCHW_GRID.
+CONV_GRID_REVISION = 1
 # Weight reordering: 3x3 convolutions on one pixel (almost no arithmetic) with 0.15 to 9.4 MiB of weights.
 CONV_WEIGHT_PROBES = (64, 192, 512)
 
@@ -144,6 +162,9 @@ def time_convolutions(bench: Bench, threads: int) -> tuple[list[dict], float, fl
     large = [] if bench.cuda else [(shape, LARGE_CONV_BATCH, False) for shape in CONV_GRID if _large_batch(*shape)]
     large += [(shape, batch, True) for shape in DEPTHWISE_NCHW_GRID
               for batch in (CUDA_CONV_BATCHES if bench.cuda else DEPTHWISE_NCHW_BATCHES)]
+    if not bench.cuda:  # on CUDA the runner converts every input to channels-last; its grid covers the batches
+        large += [(shape, LARGE_POINTWISE_BATCH, False) for shape in LARGE_POINTWISE_GRID]
+        large += [(shape, batch, True) for shape in POINTWISE_NCHW_GRID for batch in POINTWISE_NCHW_BATCHES]
     for shape, batch, nchw in bench.points("conv_large", large):
         points.append(_conv_point(bench, *shape, batch=batch, threads=threads, nchw=nchw))
     return points, call_us, weight_us

@@ -27,7 +27,7 @@ import torch
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.timing import CLOCKS
-from spark_cnn.perf.calibration.conv_bench import time_convolutions
+from spark_cnn.perf.calibration.conv_bench import CONV_GRID_REVISION, time_convolutions
 from spark_cnn.perf.calibration.curve_bench import time_curves
 from spark_cnn.perf.calibration.fault_bench import time_faults
 from spark_cnn.perf.calibration.gemm_bench import WARMTH_MIN_BUDGET_S, time_gemms, time_weight_warmth
@@ -84,6 +84,9 @@ class DeviceProfile:
     - `weight_warmth` (CPU): how a linear layer slows down when more data passed through the cache since its
       last call (gemm_bench.time_weight_warmth); empty on a GPU, with a small budget, and in profiles written
       before it was measured (calibrate() measures those again), which then price weights as the GEMM table.
+    - `conv_grid`: the revision of the convolution grid timed (conv_bench.CONV_GRID_REVISION; 0 in profiles
+      written before revisions were recorded). A profile of an earlier one reads its classes as it has them
+      (a missing class from its kin) and calibrate() measures a cached one again.
     """
 
     key: str
@@ -110,6 +113,7 @@ class DeviceProfile:
     load: dict[str, Any] = field(default_factory=dict)
     repeatability: dict[str, Any] = field(default_factory=dict)
     weight_warmth: dict[str, Any] = field(default_factory=dict)
+    conv_grid: int = CONV_GRID_REVISION
 
     def __post_init__(self):
         if self.threads < 1:
@@ -135,6 +139,7 @@ class DeviceProfile:
             if version != PROFILE_VERSION:
                 raise ConfigError(f"device profile version {version!r}, expected {PROFILE_VERSION}: calibrate "
                                   "again (calibrate(..., refresh=True) or delete the cached file)")
+            data.setdefault("conv_grid", 0)  # written before the grid's revisions were recorded
             return cls(**data)
         except ConfigError:
             raise
@@ -233,8 +238,8 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
         try:
             with open(path) as f:
                 cached = DeviceProfile.from_json(f.read())
-            if cached.weight_warmth or not _measures_warmth(resolved, cached.budget_s):
-                return cached  # (a profile that should hold the weight-warmth probe and does not predates it)
+            if not _predates_calibration(cached, resolved):
+                return cached
         except (OSError, ConfigError):
             pass  # unreadable or of another version: measure again and overwrite
     if resolved.type == "cuda":
@@ -255,6 +260,13 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     os.replace(partial, path)
     clear_stale(path)
     return profile
+
+
+def _predates_calibration(cached: DeviceProfile, device: torch.device) -> bool:
+    """Whether a cached profile lacks what this calibration measures: the weight-warmth probe its budget should
+    have timed, or the convolution grid's latest shapes (CONV_GRID_REVISION); such a profile is measured again."""
+    lacks_warmth = not cached.weight_warmth and _measures_warmth(device, cached.budget_s)
+    return lacks_warmth or cached.conv_grid < CONV_GRID_REVISION
 
 
 def _measures_warmth(device: torch.device, budget_s: float) -> bool:
@@ -326,4 +338,4 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
                          call_us=call_us, curves=curves, conv=tuple(conv), conv_call_us=conv_call_us,
                          conv_weight_us_per_mib=conv_weight_us, gemm=tuple(gemm), decode_ms=decode_ms, h2d=h2d,
                          notes=notes, host=socket.gethostname(), load=load,
-                         repeatability=repeatability.as_dict(), weight_warmth=warmth)
+                         repeatability=repeatability.as_dict(), weight_warmth=warmth, conv_grid=CONV_GRID_REVISION)

@@ -278,6 +278,29 @@ def test_a_cached_cpu_profile_without_the_weight_warmth_probe_is_measured_again(
     assert again.created == measured.created and again.weight_warmth == measured.weight_warmth
 
 
+def test_a_cached_profile_of_an_earlier_convolution_grid_is_measured_again(tmp_path, monkeypatch):
+    from spark_cnn.perf.calibration.conv_bench import CONV_GRID_REVISION
+
+    cache = str(tmp_path)
+    key = device_profile.device_key("cpu", 1)
+    monkeypatch.setattr(device_profile, "_needs_sidecar_allocator", lambda: False)
+    current = dataclasses.replace(synthetic_profile(), key=key, weight_warmth=WARMTH)
+    assert current.conv_grid == CONV_GRID_REVISION
+    monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
+    with open(cache_path("cpu", 1, cache), "w") as f:
+        f.write(current.to_json())
+    assert real_calibrate("cpu", threads=1, cache_dir=cache) == current
+    # a file written before revisions were recorded reads as revision 0, and is measured again
+    older = json.loads(current.to_json())
+    del older["conv_grid"]
+    assert DeviceProfile.from_json(json.dumps(older)).conv_grid == 0
+    with open(cache_path("cpu", 1, cache), "w") as f:
+        f.write(json.dumps(older))
+    measured = dataclasses.replace(current, created="2027-01-01T00:00:00+00:00")
+    monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: measured)
+    assert real_calibrate("cpu", threads=1, cache_dir=cache).created == measured.created
+
+
 def test_a_sidecar_starts_from_the_jobs_profile_when_it_is_for_its_kind_of_device(tmp_path, monkeypatch):
     from spark_cnn.models.digits import DigitsCNN
 

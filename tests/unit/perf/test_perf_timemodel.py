@@ -31,7 +31,11 @@ from spark_cnn.perf.calibration.conv_bench import (
     CONV_GRID,
     LARGE_CONV_BATCH,
     LARGE_CONV_MAX_OUT_HW,
+    LARGE_POINTWISE_GRID,
+    POINTWISE_NCHW_BATCHES,
+    POINTWISE_NCHW_GRID,
     POINTWISE_ONEDNN_BATCH,
+    STRIDED_GROUPED,
 )
 from spark_cnn.perf.calibration.gemm_bench import GEMM_ROWS, TOKEN_ROWS
 from spark_cnn.perf.calibration.harness import Bench, Budget, Timing
@@ -398,6 +402,64 @@ def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
     assert ms(shuffled, nchw_layer, profile) == pytest.approx(0.020 + 3 * work_ms, rel=0.05)
     # a profile without NCHW points (a small budget) reads the channels-last ones
     assert ms(shuffled, nchw_layer, synthetic_profile()) == pytest.approx(ms(plain, cl_layer, profile), rel=0.01)
+
+
+class ShuffleThenPointwise(nn.Module):
+    """shufflenet's branch after its shuffle: a 1x1 convolution on the NCHW tensor `.contiguous()` left."""
+
+    def __init__(self, shuffle: bool):
+        super().__init__()
+        self.shuffle = shuffle
+        self.pointwise = nn.Conv2d(96, 96, 1, bias=False)
+
+    def forward(self, x):
+        if self.shuffle:
+            n, c, h, w = x.shape
+            x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.pointwise(x)
+
+
+def test_a_pointwise_convolution_on_nchw_on_onednn_reads_its_own_points_by_hand():
+    # The NCHW points (calibration's POINTWISE_NCHW_GRID, at batch 16 and 64) of a device where oneDNN's 1x1
+    # work on NCHW runs twice as slow as on channels-last. Below batch 16 torch runs it as a GEMM per image,
+    # which reads NCHW as it is: the GEMM's own points price it, whatever the layout.
+    nchw_points = []
+    for in_hw in (14, 56):
+        for batch in (POINTWISE_ONEDNN_BATCH, 64):
+            out_hw, us = _conv_us(96, 96, 1, 1, 1, in_hw, batch)
+            nchw_points.append({"cin": 96, "cout": 96, "kernel": 1, "stride": 1, "groups": 1, "in_hw": in_hw,
+                                "out_hw": out_hw, "batch": batch, "backend": "mkldnn", "us": 20.0 + 2 * (us - 20.0),
+                                "faults": 0, "nchw": True})
+    profile = synthetic_profile(conv=synthetic_conv() + tuple(nchw_points), conv_weight_us_per_mib=0.0)
+    plain, shuffled = (analyse(ShuffleThenPointwise(shuffle), (96, 28, 28)) for shuffle in (False, True))
+    (cl_layer,) = [layer for layer in plain.layers if layer.op == "conv2d"]
+    (nchw_layer,) = [layer for layer in shuffled.layers if layer.op == "conv2d"]
+    assert nchw_layer.shape["nchw"] is True and "nchw" not in cl_layer.shape
+    assert layer_kind(nchw_layer, 32, profile) == "conv:pointwise_nchw"
+    assert layer_kind(cl_layer, 32, profile) == "conv:pointwise"
+    assert layer_kind(nchw_layer, 8, profile) == layer_kind(cl_layer, 8, profile) == "conv:pointwise_gemm"
+
+    def ms(cost, layer, p, batch):
+        return {lay.name: t for lay, t, _ in predict_layers_ms(cost, p, batch)}[layer.name]
+    work_ms = 2 * 96 * 96 * 28 * 28 * 32 / (GFLOPS * 1e6)  # 32 images
+    assert ms(plain, cl_layer, profile, 32) == pytest.approx(0.020 + work_ms, rel=0.05)
+    assert ms(shuffled, nchw_layer, profile, 32) == pytest.approx(0.020 + 2 * work_ms, rel=0.05)
+    assert ms(shuffled, nchw_layer, profile, 8) == pytest.approx(ms(plain, cl_layer, profile, 8), rel=1e-6)
+    # a profile without NCHW points (one of an earlier grid, or a small budget) reads the channels-last ones
+    assert ms(shuffled, nchw_layer, synthetic_profile(), 32) == pytest.approx(ms(plain, cl_layer, profile, 32),
+                                                                              rel=0.01)
+
+
+def test_the_grid_s_later_shapes_are_what_their_classes_need():
+    # strided grouped at oneDNN's block of 16 channels per group; pointwise at the large batch at 28+ pixels
+    assert all(stride == 2 and cin // groups == 16 for cin, _, _, stride, groups, _ in STRIDED_GROUPED)
+    assert all(shape in CONV_GRID for shape in STRIDED_GROUPED + LARGE_POINTWISE_GRID)
+    for grid in (LARGE_POINTWISE_GRID, POINTWISE_NCHW_GRID):
+        assert all(kernel == 1 and stride == 1 and groups == 1 for _, _, kernel, stride, groups, _ in grid)
+    assert all(in_hw >= 28 for *_, in_hw in LARGE_POINTWISE_GRID)
+    # every NCHW pointwise point runs on oneDNN, the only backend whose class they make
+    assert all(conv_backend(cin, (1, 1), (1, 1), (1, 1), 1, batch, (in_hw,) * 2, 1) == "mkldnn"
+               for cin, _, _, _, _, in_hw in POINTWISE_NCHW_GRID for batch in POINTWISE_NCHW_BATCHES)
 
 
 def test_a_convolution_run_as_a_gemm_pays_the_fixed_cost_of_its_own_backend_by_hand():
