@@ -144,10 +144,9 @@ def _forward_traffic_bytes(layers: Sequence[LayerCost], batch: int, scale: float
 
 def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
     """What prices `layer` at `batch`: a convolution's class ("conv:conv", "conv:pointwise",
-    "conv:pointwise_gemm", "conv:pointwise_nchw" and "conv:depthwise_nchw" on an NCHW input, "conv:depthwise",
-    "conv:grouped";
-    "conv:squeeze" for a 1x1 convolution on one pixel, squeeze-excitation's), else its op ("relu",
-    "hardswish", "layer_norm", "contiguous", ...)."""
+    "conv:pointwise_gemm", "conv:depthwise", "conv:grouped", "conv:pointwise_nchw" and "conv:depthwise_nchw" on
+    an NCHW input; "conv:squeeze" for a 1x1 convolution on one pixel, squeeze-excitation's), else its op
+    ("relu", "hardswish", "layer_norm", "contiguous", ...)."""
     if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
         shape = _conv_shape(layer, batch, profile)
         if shape.kernel == (1, 1) and shape.out_hw == (1, 1):

@@ -42,8 +42,8 @@ GROUPED_WIDTHS = ((96, 96, 3, 1, 24, 56), (192, 192, 3, 1, 8, 28), (384, 384, 3,
 # Strided grouped convolutions at 16 channels per group (oneDNN's block), the width RegNet's downsampling blocks
 # use: timed as calibration times, Conv2d(320, 320, 3, 2, groups=20) on 28x28 took 325 us per image at batch 8
 # and 571-594 at 32 and 64, where the grid's strided shape at 24 per group stays flat, so the model priced
-# regnet_y_800mf's four at -61% to -73% of their time at batch 64 (docs/perf-model.md, "Strided grouped
-# convolutions at large batches"). Generic channel counts, timed at every batch as the other grouped shapes.
+# regnet_y_800mf's four at -61% to -73% of their time at batch 64 (docs/perf-model.md, "Strided grouped and
+# NCHW pointwise convolutions"). Generic channel counts, timed at every batch as the other grouped shapes.
 STRIDED_GROUPED = ((256, 256, 3, 2, 16, 28), (128, 128, 3, 2, 8, 56))
 # The convolution grid: (cin, cout, kernel, stride, groups, in_hw). Generic shapes on the manifold CNNs live on
 # (channels x pixels per side between ~900 and ~7000), plus channel counts off the multiples of 16 that oneDNN
