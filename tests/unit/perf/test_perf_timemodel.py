@@ -361,34 +361,42 @@ def test_linear_on_tokens_reads_the_token_gemms_at_their_largest_row_count():
     assert ratio(synthetic_profile(), 8) > 0.8  # without them: read from the classifier shapes' 64 rows
 
 
-class ShuffleThenDepthwise(nn.Module):
-    """shufflenet's pattern: a channel shuffle made contiguous leaves NCHW, and the depthwise convolution after
-    it runs on that layout."""
+class ShuffleThen(nn.Module):
+    """shufflenet's pattern: a channel shuffle made contiguous leaves NCHW, and the convolution after it (its
+    depthwise one, or the 1x1 of its branch) runs on that layout."""
 
-    def __init__(self, shuffle: bool):
+    def __init__(self, conv: nn.Conv2d, shuffle: bool):
         super().__init__()
         self.shuffle = shuffle
-        self.depthwise = nn.Conv2d(96, 96, 3, padding=1, groups=96, bias=False)
+        self.conv = conv
 
     def forward(self, x):
         if self.shuffle:
             n, c, h, w = x.shape
             x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
-        return self.depthwise(x)
+        return self.conv(x)
+
+
+def _nchw_points(kernel: int, groups: int, batches: tuple[int, ...], slowdown: float) -> tuple[dict, ...]:
+    """Calibration points of Conv2d(96, 96, kernel, groups=groups) on NCHW inputs at 14 and 56 pixels, whose
+    work runs `slowdown` times the synthetic device's rate (oneDNN's fixed 20 us as ever)."""
+    points = []
+    for in_hw in (14, 56):
+        for batch in batches:
+            out_hw, us = _conv_us(96, 96, kernel, 1, groups, in_hw, batch)
+            points.append({"cin": 96, "cout": 96, "kernel": kernel, "stride": 1, "groups": groups, "in_hw": in_hw,
+                           "out_hw": out_hw, "batch": batch, "backend": "mkldnn",
+                           "us": 20.0 + slowdown * (us - 20.0), "faults": 0, "nchw": True})
+    return tuple(points)
 
 
 def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
     # The NCHW points (calibration's DEPTHWISE_NCHW_GRID) of a device where depthwise work on NCHW runs 3x
     # slower than on channels-last; both tables follow the law, so each prediction is countable by hand.
-    nchw_points = []
-    for in_hw in (14, 56):
-        for batch in (1, 8, LARGE_CONV_BATCH):
-            out_hw, us = _conv_us(96, 96, 3, 1, 96, in_hw, batch)
-            nchw_points.append({"cin": 96, "cout": 96, "kernel": 3, "stride": 1, "groups": 96, "in_hw": in_hw,
-                                "out_hw": out_hw, "batch": batch, "backend": "mkldnn", "us": 20.0 + 3 * (us - 20.0),
-                                "faults": 0, "nchw": True})
-    profile = synthetic_profile(conv=synthetic_conv() + tuple(nchw_points), conv_weight_us_per_mib=0.0)
-    plain, shuffled = (analyse(ShuffleThenDepthwise(shuffle), (96, 28, 28)) for shuffle in (False, True))
+    nchw_points = _nchw_points(3, 96, (1, 8, LARGE_CONV_BATCH), 3.0)
+    profile = synthetic_profile(conv=synthetic_conv() + nchw_points, conv_weight_us_per_mib=0.0)
+    plain, shuffled = (analyse(ShuffleThen(nn.Conv2d(96, 96, 3, padding=1, groups=96, bias=False), shuffle),
+                               (96, 28, 28)) for shuffle in (False, True))
     (cl_layer,) = [layer for layer in plain.layers if layer.op == "conv2d"]
     (nchw_layer,) = [layer for layer in shuffled.layers if layer.op == "conv2d"]
     assert "nchw" not in cl_layer.shape and nchw_layer.shape["nchw"] is True
@@ -404,34 +412,14 @@ def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
     assert ms(shuffled, nchw_layer, synthetic_profile()) == pytest.approx(ms(plain, cl_layer, profile), rel=0.01)
 
 
-class ShuffleThenPointwise(nn.Module):
-    """shufflenet's branch after its shuffle: a 1x1 convolution on the NCHW tensor `.contiguous()` left."""
-
-    def __init__(self, shuffle: bool):
-        super().__init__()
-        self.shuffle = shuffle
-        self.pointwise = nn.Conv2d(96, 96, 1, bias=False)
-
-    def forward(self, x):
-        if self.shuffle:
-            n, c, h, w = x.shape
-            x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
-        return self.pointwise(x)
-
-
 def test_a_pointwise_convolution_on_nchw_on_onednn_reads_its_own_points_by_hand():
     # The NCHW points (calibration's POINTWISE_NCHW_GRID, at batch 16 and 64) of a device where oneDNN's 1x1
     # work on NCHW runs twice as slow as on channels-last. Below batch 16 torch runs it as a GEMM per image,
     # which reads NCHW as it is: the GEMM's own points price it, whatever the layout.
-    nchw_points = []
-    for in_hw in (14, 56):
-        for batch in (POINTWISE_ONEDNN_BATCH, 64):
-            out_hw, us = _conv_us(96, 96, 1, 1, 1, in_hw, batch)
-            nchw_points.append({"cin": 96, "cout": 96, "kernel": 1, "stride": 1, "groups": 1, "in_hw": in_hw,
-                                "out_hw": out_hw, "batch": batch, "backend": "mkldnn", "us": 20.0 + 2 * (us - 20.0),
-                                "faults": 0, "nchw": True})
-    profile = synthetic_profile(conv=synthetic_conv() + tuple(nchw_points), conv_weight_us_per_mib=0.0)
-    plain, shuffled = (analyse(ShuffleThenPointwise(shuffle), (96, 28, 28)) for shuffle in (False, True))
+    nchw_points = _nchw_points(1, 1, (POINTWISE_ONEDNN_BATCH, 64), 2.0)
+    profile = synthetic_profile(conv=synthetic_conv() + nchw_points, conv_weight_us_per_mib=0.0)
+    plain, shuffled = (analyse(ShuffleThen(nn.Conv2d(96, 96, 1, bias=False), shuffle), (96, 28, 28))
+                       for shuffle in (False, True))
     (cl_layer,) = [layer for layer in plain.layers if layer.op == "conv2d"]
     (nchw_layer,) = [layer for layer in shuffled.layers if layer.op == "conv2d"]
     assert nchw_layer.shape["nchw"] is True and "nchw" not in cl_layer.shape
