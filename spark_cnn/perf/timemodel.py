@@ -25,6 +25,13 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   weight-warmth probe (`gemm_bench.time_weight_warmth`) gives how much of that penalty a given amount of
   traffic causes and how large it is per byte of weights at a given row count; the layer pays the share its
   network's traffic causes beyond what its own calibration saw.
+- **warm calls**: calibration times every call cold (16 MiB written over the cache first), so a call whose
+  time is mostly its overhead (Python, dispatch, oneDNN's primitive) reloads the framework's code and state.
+  Inside a network that state is still cached when the layer before moved little: calibration's call-warmth
+  probe (`call_warmth_bench.time_call_warmth`) times a chain of small layers with a given number of bytes
+  written between calls, against the same calls timed cold; a layer bound by its overhead takes the chain's
+  share at what the layer before it read and wrote (0.44 of its calibrated time after a few hundred KiB on
+  the development host, all of it after 8 MiB).
 - **faults**: fresh pages, the term that grows fastest with the batch on a CPU: glibc gives large tensors
   pages that fault when first written, and which tensors do depends on sizes and lifetimes, so the forward's
   allocations are replayed through a reduced glibc (`spark_cnn.perf.heap`). The sidecar starts with malloc
@@ -128,10 +135,13 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
     faulted = (_faulted_bytes(layers, batch, scale, profile, retained=allocator == RETAINED)
                if profile.fault_us_per_page > 0 else None)
     traffic = _forward_traffic_bytes(layers, batch, scale)
+    between = _between_calls_bytes(layers, batch, scale)
     rows = []
     for i, layer in enumerate(layers):
         fault_us = faulted[i] / PAGE_BYTES * profile.fault_us_per_page if faulted else 0.0
         us, bound = model.layer_us(layer, batch, scale, fault_us)
+        if bound == "overhead" and model.call_warmth is not None:
+            us *= model.call_warmth.share(between[i])
         rows.append((layer, (us + model.cold_weights_us(layer, batch, scale, traffic)) / 1e3, bound))
     return rows
 
@@ -140,6 +150,13 @@ def _forward_traffic_bytes(layers: Sequence[LayerCost], batch: int, scale: float
     """Bytes through the cache between two calls of one layer in repeated forwards: every layer's weights
     and outputs once."""
     return scale * sum(layer.weight_bytes + batch * layer.output_bytes for layer in layers)
+
+
+def _between_calls_bytes(layers: Sequence[LayerCost], batch: int, scale: float) -> list[float]:
+    """Bytes through the cache since the previous call, per layer: what the layer before it read and wrote
+    (its weights, input and output)."""
+    touched = [scale * (layer.weight_bytes + batch * (layer.input_bytes + layer.output_bytes)) for layer in layers]
+    return [touched[i - 1] if i else 0.0 for i in range(len(layers))]
 
 
 def layer_kind(layer: LayerCost, batch: int, profile: DeviceProfile) -> str:
@@ -323,6 +340,7 @@ class _Model:
         self.gemm = (np.stack([f for f, _ in gemm]), np.array([y for _, y in gemm])) if gemm else None
         self.gemm_max_rows = max((g["rows"] for g in profile.gemm), default=1)
         self.warmth = _Warmth.of(profile.weight_warmth)
+        self.call_warmth = _CallWarmth.of(profile.call_warmth)
 
     # interpolation
 
@@ -508,6 +526,27 @@ class _Warmth:
         if x > self.rows[-1]:
             per_byte *= max(0.0, 1.0 - (x - self.rows[-1]) / math.log(2))
         return weight_bytes * per_byte * share
+
+
+class _CallWarmth:
+    """A profile's call-warmth probe (call_warmth_bench.time_call_warmth), for lookups: the share of its
+    calibrated time a call bound by its overhead takes inside a network, against the bytes the network moves
+    per layer (log-interpolated along the probe's curve, never rising above 1, where calibration timed it, nor
+    falling as the traffic grows: a noisy point is read as its predecessor)."""
+
+    def __init__(self, curve: Sequence[Sequence[float]], cold_us: float):
+        self.xs = np.log([max(b, 1.0) for b, _ in curve])
+        self.shares = np.minimum(np.maximum.accumulate([us / cold_us for _, us in curve]), 1.0)
+
+    @classmethod
+    def of(cls, warmth: dict[str, Any]) -> _CallWarmth | None:
+        curve, cold_us = warmth.get("curve") or (), float(warmth.get("cold_us") or 0.0)
+        if not curve or cold_us <= 0:
+            return None  # not measured (a GPU, a small budget, an older profile): calls cost as calibrated
+        return cls(curve, cold_us)
+
+    def share(self, bytes_per_layer: float) -> float:
+        return float(np.interp(math.log(max(bytes_per_layer, 1.0)), self.xs, self.shares))
 
 
 _POOL_CURVES = {"max_pool2d_k3s2": (9, 2), "max_pool2d_k3s1": (9, 1), "max_pool2d_k2s2": (4, 2)}

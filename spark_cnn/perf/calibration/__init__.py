@@ -8,6 +8,8 @@ the network being predicted (nor any torchvision model). The benchmarks, by what
 - `gemm_bench`: linear layers (GEMMs) from 256 to 9216 inputs at 1 to 64 rows;
 - `curve_bench`: elementwise, normalisation, pooling, concatenation and copy operators at sizes from 4 KB to
   105 MB, one time-against-bytes curve per operator, and the overhead of a call;
+- `call_warmth_bench`: how much faster a chain of small layers runs than the same calls timed cold, against
+  the bytes written between calls;
 - `fault_bench`: the cost of fresh memory pages (a first touch faults them in, a free returns them);
 - `stage_bench`: the sidecar's input normalisation and output heads, image decoding per core, and on CUDA the
   host-to-device copy.

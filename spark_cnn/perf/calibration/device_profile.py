@@ -27,6 +27,7 @@ import torch
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.timing import CLOCKS
+from spark_cnn.perf.calibration.call_warmth_bench import time_call_warmth
 from spark_cnn.perf.calibration.conv_bench import CONV_GRID_REVISION, time_convolutions
 from spark_cnn.perf.calibration.curve_bench import time_curves
 from spark_cnn.perf.calibration.fault_bench import time_faults
@@ -84,6 +85,9 @@ class DeviceProfile:
     - `weight_warmth` (CPU): how a linear layer slows down when more data passed through the cache since its
       last call (gemm_bench.time_weight_warmth); empty on a GPU, with a small budget, and in profiles written
       before it was measured (calibrate() measures those again), which then price weights as the GEMM table.
+    - `call_warmth` (CPU): how much faster small operators' calls run in a chain of layers than calibration
+      times them, against the bytes written between calls (call_warmth_bench.time_call_warmth); empty where
+      `weight_warmth` is, and then calls bound by their overhead cost what calibration measured.
     - `conv_grid`: the revision of the convolution grid timed (conv_bench.CONV_GRID_REVISION; 0 in profiles
       written before revisions were recorded). A profile of an earlier one reads its classes as it has them
       (a missing class from its kin) and calibrate() measures a cached one again.
@@ -113,12 +117,13 @@ class DeviceProfile:
     load: dict[str, Any] = field(default_factory=dict)
     repeatability: dict[str, Any] = field(default_factory=dict)
     weight_warmth: dict[str, Any] = field(default_factory=dict)
+    call_warmth: dict[str, Any] = field(default_factory=dict)
     conv_grid: int = CONV_GRID_REVISION
 
     def __post_init__(self):
         if self.threads < 1:
             raise ConfigError(f"DeviceProfile {self.key!r}: threads must be >= 1, got {self.threads}")
-        for name in ("call_us", "curves", "load", "repeatability", "weight_warmth"):
+        for name in ("call_us", "curves", "load", "repeatability", "weight_warmth", "call_warmth"):
             object.__setattr__(self, name, _frozen(dict(getattr(self, name))))
         for name in ("conv", "gemm", "h2d", "notes"):
             object.__setattr__(self, name, _frozen(list(getattr(self, name))))
@@ -263,15 +268,16 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
 
 
 def _predates_calibration(cached: DeviceProfile, device: torch.device) -> bool:
-    """Whether a cached profile lacks what this calibration measures: the weight-warmth probe its budget should
+    """Whether a cached profile lacks what this calibration measures: the warmth probes its budget should
     have timed, or the convolution grid's latest shapes (CONV_GRID_REVISION); such a profile is measured again."""
-    lacks_warmth = not cached.weight_warmth and _measures_warmth(device, cached.budget_s)
+    lacks_warmth = ((not cached.weight_warmth or not cached.call_warmth)
+                    and _measures_warmth(device, cached.budget_s))
     return lacks_warmth or cached.conv_grid < CONV_GRID_REVISION
 
 
 def _measures_warmth(device: torch.device, budget_s: float) -> bool:
-    """Whether a calibration of `device` with `budget_s` times the weight-warmth probe (a CPU's, given enough
-    time); a cached profile whose budget should have timed it and that does not hold it is measured again."""
+    """Whether a calibration of `device` with `budget_s` times the warmth probes (a CPU's, given enough
+    time); a cached profile whose budget should have timed them and that lacks one is measured again."""
     return device.type == "cpu" and budget_s >= WARMTH_MIN_BUDGET_S
 
 
@@ -319,6 +325,7 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
         conv, conv_call_us, conv_weight_us = time_convolutions(bench, threads)
         gemm = time_gemms(bench)
         warmth = time_weight_warmth(bench) if _measures_warmth(device, budget_s) else {}
+        call_warmth = time_call_warmth(bench) if _measures_warmth(device, budget_s) else {}
         curves.update(time_sidecar_stages(bench))
         decode_ms = time_decode(bench)
         h2d = time_h2d(bench)
@@ -338,4 +345,5 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
                          call_us=call_us, curves=curves, conv=tuple(conv), conv_call_us=conv_call_us,
                          conv_weight_us_per_mib=conv_weight_us, gemm=tuple(gemm), decode_ms=decode_ms, h2d=h2d,
                          notes=notes, host=socket.gethostname(), load=load,
-                         repeatability=repeatability.as_dict(), weight_warmth=warmth, conv_grid=CONV_GRID_REVISION)
+                         repeatability=repeatability.as_dict(), weight_warmth=warmth,
+                         call_warmth=call_warmth, conv_grid=CONV_GRID_REVISION)

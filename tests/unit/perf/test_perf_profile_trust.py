@@ -38,7 +38,7 @@ from spark_cnn.perf.calibration.repeatability import (
     steady,
 )
 from spark_cnn.perf.placement import DECODE_HEADROOM
-from tests.unit.perf.test_perf_timemodel import WARMTH, synthetic_profile
+from tests.unit.perf.test_perf_timemodel import CALL_WARMTH, WARMTH, synthetic_profile
 
 QUIET = {"cores": 2, "loadavg_start": 0.1, "loadavg_end": 0.2, "steal_share": 0.0, "others_cpu_share": 0.02,
          "busy": False}
@@ -247,7 +247,8 @@ def test_a_profile_marked_stale_is_not_a_start_point_and_is_measured_again(tmp_p
     assert startpoint.cached_profile("cpu", 1, cache) is None
     assert startpoint.cached_profile("cpu", 1, cache, include_stale=True) == profile
 
-    fresh = dataclasses.replace(profile, created="2027-01-01T00:00:00+00:00", weight_warmth=WARMTH)
+    fresh = dataclasses.replace(profile, created="2027-01-01T00:00:00+00:00", weight_warmth=WARMTH,
+                                call_warmth=CALL_WARMTH)
     monkeypatch.setattr(device_profile, "_needs_sidecar_allocator", lambda: False)
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: fresh)
     assert real_calibrate("cpu", threads=1, cache_dir=cache).created == fresh.created  # stale: measured again
@@ -256,7 +257,7 @@ def test_a_profile_marked_stale_is_not_a_start_point_and_is_measured_again(tmp_p
     assert real_calibrate("cpu", threads=1, cache_dir=cache).created == fresh.created  # not stale: the cache
 
 
-def test_a_cached_cpu_profile_without_the_weight_warmth_probe_is_measured_again(tmp_path, monkeypatch):
+def test_a_cached_cpu_profile_without_a_warmth_probe_is_measured_again(tmp_path, monkeypatch):
     cache = str(tmp_path)
     key = device_profile.device_key("cpu", 1)
     monkeypatch.setattr(device_profile, "_needs_sidecar_allocator", lambda: False)
@@ -270,12 +271,18 @@ def test_a_cached_cpu_profile_without_the_weight_warmth_probe_is_measured_again(
     older = dataclasses.replace(quick, budget_s=device_profile.DEFAULT_BUDGET_S)
     with open(cache_path("cpu", 1, cache), "w") as f:
         f.write(older.to_json())
-    measured = dataclasses.replace(older, created="2027-01-01T00:00:00+00:00", weight_warmth=WARMTH)
+    measured = dataclasses.replace(older, created="2027-01-01T00:00:00+00:00", weight_warmth=WARMTH,
+                                   call_warmth=CALL_WARMTH)
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: measured)
     assert real_calibrate("cpu", threads=1, cache_dir=cache).weight_warmth == measured.weight_warmth
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
     again = real_calibrate("cpu", threads=1, cache_dir=cache)  # now it is the cache
-    assert again.created == measured.created and again.weight_warmth == measured.weight_warmth
+    assert again.created == measured.created and again.call_warmth == measured.call_warmth
+    # with the weights' probe but written before the calls' probe existed: measured again
+    with open(cache_path("cpu", 1, cache), "w") as f:
+        f.write(dataclasses.replace(measured, call_warmth={}).to_json())
+    monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: measured)
+    assert real_calibrate("cpu", threads=1, cache_dir=cache).call_warmth == measured.call_warmth
 
 
 def test_a_cached_profile_of_an_earlier_convolution_grid_is_measured_again(tmp_path, monkeypatch):
@@ -284,7 +291,7 @@ def test_a_cached_profile_of_an_earlier_convolution_grid_is_measured_again(tmp_p
     cache = str(tmp_path)
     key = device_profile.device_key("cpu", 1)
     monkeypatch.setattr(device_profile, "_needs_sidecar_allocator", lambda: False)
-    current = dataclasses.replace(synthetic_profile(), key=key, weight_warmth=WARMTH)
+    current = dataclasses.replace(synthetic_profile(), key=key, weight_warmth=WARMTH, call_warmth=CALL_WARMTH)
     assert current.conv_grid == CONV_GRID_REVISION
     monkeypatch.setattr(device_profile, "_run", lambda *args, **kwargs: pytest.fail("measured a fresh profile"))
     with open(cache_path("cpu", 1, cache), "w") as f:

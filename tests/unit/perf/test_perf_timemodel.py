@@ -739,3 +739,73 @@ def test_the_weight_warmth_probe_times_one_linear_layer_after_more_and_more_writ
     assert [rows for rows, _ in warmth["cold_extra"]] == list(gemm_bench.WARMTH_ROWS)
     profile = synthetic_profile(weight_warmth=warmth)
     assert DeviceProfile.from_json(profile.to_json()) == profile  # kept in the profile as measured
+
+
+# --- warm calls (call_warmth_bench) --------------------------------------------------------------------------
+
+KIB = 1 << 10
+# Calls that took 1000 us as calibration times them ran in 450 us in the chain with nothing written between
+# them (400 with 128 KiB: noise, read as 450), 500 with 512 KiB, 800 with 2 MiB, slower than calibration with
+# 8 MiB (read as calibrated: the harness gives every input fresh, the chain's had been written over).
+CALL_WARMTH = {"layers": 48, "cold_us": 1000.0,
+               "curve": ((0.0, 450.0), (128.0 * KIB, 400.0), (512.0 * KIB, 500.0), (2.0 * MIB, 800.0),
+                         (8.0 * MIB, 1250.0))}
+
+
+def test_the_warm_share_follows_the_probes_curve_by_hand():
+    warm = timemodel._CallWarmth.of(CALL_WARMTH)
+    assert warm.share(0) == pytest.approx(0.45) and warm.share(100) == pytest.approx(0.45)
+    assert warm.share(128 * KIB) == pytest.approx(0.45)  # never below a point before it
+    assert warm.share(1 * MIB) == pytest.approx(0.5 + 0.3 * math.log(2) / math.log(4))
+    assert warm.share(8 * MIB) == 1.0 and warm.share(1 << 40) == 1.0  # never above calibration
+    assert timemodel._CallWarmth.of({}) is None
+    assert timemodel._CallWarmth.of({**CALL_WARMTH, "cold_us": 0.0}) is None
+
+
+def test_calls_bound_by_their_overhead_take_the_share_of_what_the_layer_before_moved_by_hand():
+    # 16 channels of 14 x 14: every layer is bound by its call overhead on the synthetic device
+    cost = analyse(nn.Sequential(nn.Conv2d(16, 16, 1), nn.ReLU(inplace=True), nn.BatchNorm2d(16)), (16, 14, 14))
+    cold, warm = synthetic_profile(), synthetic_profile(call_warmth=CALL_WARMTH)
+    probe = timemodel._CallWarmth.of(CALL_WARMTH)
+    assert cost.dtype_bytes == 4
+    for batch in (1, 8, 64):
+        before, after = predict_layers_ms(cost, cold, batch), predict_layers_ms(cost, warm, batch)
+        moved = 0.0  # the first call follows nothing the model counts
+        for (layer, cold_ms, bound), (same, warm_ms, _) in zip(before, after, strict=True):
+            assert same.name == layer.name
+            share = probe.share(moved) if bound == "overhead" else 1.0
+            assert warm_ms == pytest.approx(cold_ms * share, rel=1e-9)
+            moved = layer.weight_bytes + batch * (layer.input_bytes + layer.output_bytes)  # fp32: as counted
+        assert sum(ms for _, ms, _ in after) < sum(ms for _, ms, _ in before)
+    # one image moves 12.5 KiB per layer: all at the chain's warmest share
+    rows = predict_layers_ms(cost, warm, 1)
+    base = predict_layers_ms(cost, cold, 1)
+    assert [b for _, _, b in rows].count("overhead") == len(rows)
+    assert [w / c for (_, w, _), (_, c, _) in zip(rows[1:], base[1:], strict=True)] == pytest.approx([0.45] * 5)
+
+
+def test_calls_after_a_layer_that_moved_more_than_the_probe_cost_as_calibrated():
+    # 64 channels of 112 x 112 at batch 8: 25 MiB per layer, beyond the probe's last point; the convolution,
+    # bound by its work, is never scaled
+    cost = analyse(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True)), (64, 112, 112))
+    cold, warm = synthetic_profile(), synthetic_profile(call_warmth=CALL_WARMTH)
+    assert predict_layers_ms(cost, warm, 8)[2][1] == pytest.approx(predict_layers_ms(cost, cold, 8)[2][1])
+    assert predict_layers_ms(cost, warm, 8)[1][1] == pytest.approx(predict_layers_ms(cost, cold, 8)[1][1])
+
+
+def test_the_call_warmth_probe_times_its_chain_as_calibration_and_running(monkeypatch):
+    from spark_cnn.perf.calibration import call_warmth_bench
+
+    monkeypatch.setattr(call_warmth_bench, "CALL_WARMTH_TRAFFIC", (0, 1 << 20))
+    monkeypatch.setattr(call_warmth_bench, "CALL_WARMTH_REPEATS", 1)
+    monkeypatch.setattr(call_warmth_bench, "pollute_bytes", lambda: 1 << 20)
+    bench = Bench(torch.device("cpu"), Budget(60.0))
+    with torch.inference_mode():
+        warmth = call_warmth_bench.time_call_warmth(bench)
+    assert warmth["layers"] == len(call_warmth_bench.call_warmth_chain(bench)) == 6 * len(
+        call_warmth_bench.CALL_WARMTH_WIDTHS)
+    assert warmth["cold_us"] > 0
+    assert [b for b, _ in warmth["curve"]] == [0.0, float(1 << 20)] and all(us > 0 for _, us in warmth["curve"])
+    profile = synthetic_profile(call_warmth=warmth)
+    assert DeviceProfile.from_json(profile.to_json()) == profile  # kept in the profile as measured
+    assert timemodel._CallWarmth.of(profile.call_warmth) is not None
