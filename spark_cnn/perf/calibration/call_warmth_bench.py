@@ -8,7 +8,7 @@ of (pointwise and depthwise convolutions, batch norms, activations) at varied wi
 module as in a network, on one 14 x 14 image, and times every call as the chain runs, with a given number of
 bytes written over the cache before each (what the previous layers moved); the sum against the same calls
 timed by the harness gives the warm share at that traffic. The time model scales the layers it finds bound
-by their call overhead by that share, at the network's traffic per layer (timemodel, "warm calls").
+by their call overhead by that share, at what the layer before read and wrote (timemodel, "warm calls").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spark_cnn.perf.calibration.harness import Bench, fresh, pollute_bytes
+from spark_cnn.perf.calibration.harness import Bench, fresh
 
 __all__ = ["CALL_WARMTH_TRAFFIC", "CALL_WARMTH_WIDTHS", "call_warmth_chain", "time_call_warmth"]
 
@@ -56,8 +56,7 @@ def time_call_warmth(bench: Bench) -> dict[str, Any]:
     inputs = _chain_inputs(bench, layers)
     cold = sum(bench.us_without_faults(bench.time(layer, fresh(x))) for layer, x in zip(layers, inputs,
                                                                                          strict=True))
-    room = max(CALL_WARMTH_TRAFFIC)
-    scratch = torch.empty(max(room, pollute_bytes()) // 4).fill_(1.0)
+    scratch = torch.empty(max(CALL_WARMTH_TRAFFIC) // 4).fill_(1.0)
     curve = []
     for traffic in CALL_WARMTH_TRAFFIC:
         written = scratch[: traffic // 4] if traffic else None

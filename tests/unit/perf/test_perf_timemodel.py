@@ -798,7 +798,6 @@ def test_the_call_warmth_probe_times_its_chain_as_calibration_and_running(monkey
 
     monkeypatch.setattr(call_warmth_bench, "CALL_WARMTH_TRAFFIC", (0, 1 << 20))
     monkeypatch.setattr(call_warmth_bench, "CALL_WARMTH_REPEATS", 1)
-    monkeypatch.setattr(call_warmth_bench, "pollute_bytes", lambda: 1 << 20)
     bench = Bench(torch.device("cpu"), Budget(60.0))
     with torch.inference_mode():
         warmth = call_warmth_bench.time_call_warmth(bench)
