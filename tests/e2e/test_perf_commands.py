@@ -39,7 +39,8 @@ def test_profile_validates_exports_and_plan_uses_the_same_calibration_here_and_f
     assert plan.returncode == 0, plan.stderr[-3000:]
     planned = json.loads((tmp_path / "plan.json").read_text())
     assert planned["bottleneck"] in planned["stages_images_per_s_per_executor"]
-    assert planned["wall_s"] == pytest.approx(10000 / planned["images_per_s"], rel=0.01)
+    # wall_s is printed to a tenth of a second: a fast plan (a few seconds) differs from images/rate by the rounding
+    assert planned["wall_s"] == pytest.approx(10000 / planned["images_per_s"], rel=0.01, abs=0.051)
     assert planned["device"] == data["device"]  # the profile calibrated above, reused
 
     # the exported file plans on any host: one core per executor instead of four
