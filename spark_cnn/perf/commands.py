@@ -262,8 +262,10 @@ def trust_line(origin: dict) -> str:
     rep = origin.get("repeatability") or {}
     repeat = (f"repeated within {rep['median_pct']}% (median of {rep['points']}; bound {rep['bound_pct']}%)"
               if rep.get("points") else "repeatability not recorded")
+    if rep.get("anomalies"):
+        repeat += f"; {rep['anomalies'][0]}"
     if rep.get("forced"):
-        repeat += ", ACCEPTED ALTHOUGH NOISY"
+        repeat += ", ACCEPTED ALTHOUGH IMPLAUSIBLE" if rep.get("anomalies") else ", ACCEPTED ALTHOUGH NOISY"
     line = (f"calibration {where}: {origin.get('host') or 'unknown host'}, {origin['created']}, torch "
             f"{origin['torch_version']}, profile v{origin['version']}; {origin['load_summary']}; {repeat}")
     if (origin.get("load") or {}).get("busy") or rep.get("forced"):

@@ -14,7 +14,8 @@ the network being predicted (nor any torchvision model). The benchmarks, by what
 - `stage_bench`: the sidecar's input normalisation and output heads, image decoding per core, and on CUDA the
   host-to-device copy.
 
-`repeatability` times a sample of those again and refuses a run that disagrees with itself; `host_load`
+`repeatability` times a sample of those again and refuses a run that disagrees with itself, or whose
+transcendental curves `curve_check` finds implausible against relu's; `host_load`
 records how busy the host was; `profile_file` exports a profile, reads one back, and marks a cached one stale.
 
 `harness` times each: the minimum of repeated calls after a warm-up, under `torch.inference_mode`, inputs made

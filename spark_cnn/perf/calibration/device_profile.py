@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -30,6 +30,7 @@ from spark_cnn.models.timing import CLOCKS
 from spark_cnn.perf.calibration.call_warmth_bench import time_call_warmth
 from spark_cnn.perf.calibration.conv_bench import CONV_GRID_REVISION, time_convolutions
 from spark_cnn.perf.calibration.curve_bench import time_curves
+from spark_cnn.perf.calibration.curve_check import transcendental_anomaly
 from spark_cnn.perf.calibration.fault_bench import time_faults
 from spark_cnn.perf.calibration.gemm_bench import WARMTH_MIN_BUDGET_S, time_gemms, time_weight_warmth
 from spark_cnn.perf.calibration.harness import Budget
@@ -330,13 +331,15 @@ def _run(device: torch.device, threads: int, key: str, budget_s: float, clock: s
         decode_ms = time_decode(bench)
         h2d = time_h2d(bench)
         repeatability = bench.time_again()
+    anomaly = transcendental_anomaly(curves, device.type)
+    repeatability = replace(repeatability, anomalies=(anomaly,) if anomaly else ())
     load = load_between(load_start, snapshot(), cores=os.cpu_count() or 1, ticks_per_s=ticks_per_second())
     notes = tuple(f"{section}: {n} point(s) skipped to keep within the {budget_s:.0f} s budget"
                   for section, n in budget.skipped.items())
     if clock != "wall":
         notes += (f"clock: {clock} (thread CPU time); {time.perf_counter() - wall_start:.1f} s wall",)
-    if device.type == "cpu":
-        notes += (f"allocator: {allocator_of()}",)
+    if device.type == "cpu":  # the vector path torch dispatched to: what transcendental kinds' speed rests on
+        notes += (f"allocator: {allocator_of()}", f"cpu capability: {torch.backends.cpu.get_cpu_capability()}")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return DeviceProfile(key=key, device=str(device), threads=threads,
                          created=datetime.now(timezone.utc).isoformat(timespec="seconds"), device_name=name,

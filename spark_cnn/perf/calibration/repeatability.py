@@ -4,7 +4,8 @@ A host busy with other work slows some benchmarks and not others, by amounts tha
 the next; a quiet one gives the same minimum twice. So `SampledBench` keeps every k-th benchmark it times
 (k doubles as the run goes, so at most SAMPLE_POINTS are kept), `time_again` repeats them after the last
 section, and `judge` (pure) compares the two minima. `steady` (pure, given the run) repeats a calibration that
-disagrees with itself once, then refuses with one line, unless told to accept it.
+disagrees with itself, or that repeated but timed what curve_check.py finds implausible, once, then refuses
+with one line, unless told to accept it.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ class Repeatability:
     median_pct: float
     max_pct: float
     bound_pct: float = 100 * REPEAT_BOUND
+    # What the run's own measurements say is implausible although they repeated (curve_check.py): a state of
+    # the host that lasts longer than a calibration.
+    anomalies: tuple[str, ...] = ()
 
     @property
     def judged(self) -> bool:
@@ -62,11 +66,11 @@ class Repeatability:
 
     @property
     def ok(self) -> bool:
-        return not self.judged or self.median_pct <= self.bound_pct
+        return (not self.judged or self.median_pct <= self.bound_pct) and not self.anomalies
 
     def as_dict(self) -> dict:
         return {"points": self.points, "median_pct": self.median_pct, "max_pct": self.max_pct,
-                "bound_pct": self.bound_pct, "ok": self.ok}
+                "bound_pct": self.bound_pct, "anomalies": list(self.anomalies), "ok": self.ok}
 
 
 def judge(first_s: Sequence[float], again_s: Sequence[float], bound: float = REPEAT_BOUND) -> Repeatability:
@@ -74,7 +78,7 @@ def judge(first_s: Sequence[float], again_s: Sequence[float], bound: float = REP
     difference, each against the faster of the pair.
 
     >>> judge([1.0, 2.0, 3.0, 4.0], [1.02, 2.0, 3.3, 4.0]).as_dict()
-    {'points': 4, 'median_pct': 1.0, 'max_pct': 10.0, 'bound_pct': 10.0, 'ok': True}
+    {'points': 4, 'median_pct': 1.0, 'max_pct': 10.0, 'bound_pct': 10.0, 'anomalies': [], 'ok': True}
     """
     if len(first_s) != len(again_s):
         raise ValueError(f"{len(first_s)} first timings but {len(again_s)} repeated ones")
@@ -114,24 +118,32 @@ class SampledBench(Bench):
 
 def steady(run: Callable[[], Any], *, what: str, allow_noisy: bool, attempts: int = ATTEMPTS) -> Any:
     """`run()` (a DeviceProfile whose `repeatability` is a Repeatability.as_dict() and `load` a host_load
-    summary) until one attempt repeats within its bound; after `attempts`, the steadiest one if `allow_noisy`,
-    else NoisyCalibration. The returned profile's repeatability says how many attempts it took."""
+    summary) until one attempt repeats within its bound and shows no anomaly; after `attempts`, the steadiest
+    one (without an anomaly if one has none) if `allow_noisy`, else NoisyCalibration. The returned profile's
+    repeatability says how many attempts it took."""
     tried = []
     for attempt in range(1, attempts + 1):
         profile = run()
         if profile.repeatability.get("ok", True):
             return replace(profile, repeatability={**profile.repeatability, "attempts": attempt, "forced": False})
         tried.append(profile)
-    steadiest = min(tried, key=lambda p: p.repeatability["median_pct"])
-    if allow_noisy:
-        return replace(steadiest, repeatability={**steadiest.repeatability, "attempts": attempts, "forced": True},
-                       notes=(*steadiest.notes, "accepted although its repeated measurements disagreed "
-                                                f"({ALLOW_NOISY_ENV}=1 or --allow-noisy-calibration)"))
+    steadiest = min(tried, key=lambda p: (bool(p.repeatability.get("anomalies")), p.repeatability["median_pct"]))
     rep, load = steadiest.repeatability, steadiest.load or {}
+    force = f"force it with --allow-noisy-calibration ({ALLOW_NOISY_ENV}=1)"
+    if allow_noisy:
+        why = "its timings looked implausible" if rep.get("anomalies") else "its repeated measurements disagreed"
+        return replace(steadiest, repeatability={**rep, "attempts": attempts, "forced": True},
+                       notes=(*steadiest.notes, f"accepted although {why} ({ALLOW_NOISY_ENV}=1 or "
+                                                "--allow-noisy-calibration)"))
+    if rep.get("anomalies") and rep["median_pct"] <= rep["bound_pct"]:
+        raise NoisyCalibration(
+            f"calibration of {what}: {rep['anomalies'][0]} in {attempts} attempts, although it repeated within "
+            f"{rep['median_pct']}%: a state of the host that networks have not shared (docs/perf-model.md, "
+            f"\"A calibration to trust\"); calibrate again later, or {force}")
     others = load.get("others_cpu_share")
     busy = f"other processes used {100 * others:.0f}% of its {load.get('cores')} cores" if others is not None \
         else f"load average {load.get('loadavg_end')}"
     raise NoisyCalibration(
         f"calibration of {what}: the host is too busy to measure ({busy}): repeated benchmarks differed by "
         f"{rep['median_pct']}% (median of {rep['points']}; bound {rep['bound_pct']}%) in {attempts} attempts; "
-        f"stop other work and calibrate again, or force it with --allow-noisy-calibration ({ALLOW_NOISY_ENV}=1)")
+        f"stop other work and calibrate again, or {force}")

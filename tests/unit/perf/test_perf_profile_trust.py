@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,6 +27,12 @@ from spark_cnn.perf.calibration import (
     stale_reason,
 )
 from spark_cnn.perf.calibration import calibrate as real_calibrate
+from spark_cnn.perf.calibration.curve_check import (
+    RATIO_BOUNDS,
+    RATIO_SIDES,
+    transcendental_anomaly,
+    transcendental_ratios,
+)
 from spark_cnn.perf.calibration.harness import Budget
 from spark_cnn.perf.calibration.host_load import LoadSnapshot, load_between
 from spark_cnn.perf.calibration.repeatability import (
@@ -217,6 +224,85 @@ def test_the_sampled_bench_keeps_a_bounded_sample_and_times_it_again():
     rep = bench.time_again()
     assert rep.points == kept and rep.judged  # each kept benchmark was timed again
     assert not bench._sample
+
+
+
+# --- implausible curves: a state of the host that outlasts a calibration ------------------------------------------
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "transcendental_curves.json").read_text())
+
+
+def _curves(**ratio) -> dict:
+    """relu at 0.8, 3.2 and 12.8 MB plus each named kind at `ratio` times relu's time at the same bytes."""
+    relu = tuple((64 * s * s * 4.0, 0.05 * s * s) for s in RATIO_SIDES)
+    return {"relu": relu, **{kind: tuple((b, r * us) for b, us in relu) for kind, r in ratio.items()}}
+
+
+def test_transcendental_ratios_are_medians_over_the_sizes_against_relu_at_the_same_bytes():
+    curves = _curves(silu=2.5, gelu=4.0)
+    curves["sigmoid"] = tuple((b, us * r) for (b, us), r in zip(curves["relu"], (2.0, 9.0, 3.0), strict=True))
+    assert transcendental_ratios(curves) == {"silu": 2.5, "sigmoid": 3.0, "gelu": 4.0}
+    curves["gelu"] = curves["gelu"][:1]  # one size timed: a small budget, not judged
+    assert transcendental_ratios(curves) == {"silu": 2.5, "sigmoid": 3.0}
+
+
+def test_only_every_judged_transcendental_kind_beyond_its_bound_is_an_anomaly():
+    assert transcendental_anomaly(_curves(silu=2.7, sigmoid=2.9, gelu=4.4), "cpu") is None
+    slow = transcendental_anomaly(_curves(silu=10.7, sigmoid=9.2, gelu=11.6), "cpu")
+    assert slow is not None and "silu 10.7x, sigmoid 9.2x, gelu 11.6x" in slow and "\n" not in slow
+    assert transcendental_anomaly(_curves(silu=10.7, sigmoid=2.9, gelu=11.6), "cpu") is None  # one kind normal
+    assert transcendental_anomaly(_curves(silu=10.7), "cpu") is None  # one kind says too little
+    assert transcendental_anomaly(_curves(silu=10.7, sigmoid=9.2, gelu=11.6), "cuda:0") is None
+    at_bounds = _curves(**RATIO_BOUNDS)
+    assert transcendental_anomaly(at_bounds, "cpu") is None
+
+
+@pytest.mark.parametrize("cls", ["normal", "anomalous"])
+def test_the_recorded_calibrations_of_the_anomalous_hour_and_only_those_are_flagged(cls):
+    """Every calibration of the project's zoo and held-out runs (git history), by hour: the check separates the
+    17:13-18:08 UTC hour's 43 from the other 153 with no exception either way."""
+    runs = RECORDED[cls]
+    flagged = {run: sum(transcendental_anomaly(curves, "cpu") is not None for curves in cals)
+               for run, cals in runs.items()}
+    total = {run: len(cals) for run, cals in runs.items()}
+    assert sum(total.values()) == (153 if cls == "normal" else 43)
+    assert flagged == (total if cls == "anomalous" else dict.fromkeys(runs, 0))
+
+
+def _implausible_attempts(*anomalous):
+    runs = iter(anomalous)
+    calls = []
+
+    def run():
+        calls.append(1)
+        rep = judge([1.0] * 8, [1.03] * 8)
+        rep = dataclasses.replace(rep, anomalies=("transcendental operators timed slow",) if next(runs) else ())
+        return synthetic_profile(load=QUIET, repeatability=rep.as_dict())
+    return run, calls
+
+
+def test_an_implausible_calibration_that_repeated_is_run_again_and_kept_when_the_repeat_is_plausible():
+    run, calls = _implausible_attempts(True, False)
+    profile = steady(run, what="cpu", allow_noisy=False)
+    assert len(calls) == 2 and profile.repeatability["ok"] and not profile.repeatability["anomalies"]
+
+
+def test_an_implausible_calibration_every_time_is_refused_naming_the_anomaly_not_the_load():
+    run, calls = _implausible_attempts(True, True)
+    with pytest.raises(NoisyCalibration) as refused:
+        steady(run, what="cpu", allow_noisy=False)
+    message = str(refused.value)
+    assert len(calls) == ATTEMPTS and "\n" not in message
+    assert "transcendental operators timed slow" in message and "too busy" not in message
+    assert "--allow-noisy-calibration" in message and ALLOW_NOISY_ENV in message
+
+
+def test_forcing_an_implausible_calibration_says_so_in_its_notes_and_its_trust_line():
+    run, _ = _implausible_attempts(True, True)
+    profile = steady(run, what="cpu", allow_noisy=True)
+    assert profile.repeatability["forced"] and any("implausible" in note for note in profile.notes)
+    line = commands.trust_line(commands._profile_origin(profile, None))
+    assert "ACCEPTED ALTHOUGH IMPLAUSIBLE" in line and "transcendental operators timed slow" in line
 
 
 # --- host load ------------------------------------------------------------------------------------------------------
