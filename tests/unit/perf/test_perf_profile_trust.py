@@ -20,6 +20,7 @@ from spark_cnn.perf.calibration import (
     DeviceProfile,
     NoisyCalibration,
     cache_path,
+    curve_bench,
     device_profile,
     export_profile,
     mark_stale,
@@ -267,6 +268,23 @@ def test_the_recorded_calibrations_of_the_anomalous_hour_and_only_those_are_flag
     total = {run: len(cals) for run, cals in runs.items()}
     assert sum(total.values()) == (153 if cls == "normal" else 43)
     assert flagged == (total if cls == "anomalous" else dict.fromkeys(runs, 0))
+
+
+def test_transcendental_kinds_and_only_those_are_timed_after_a_gemm_on_the_cpu(monkeypatch):
+    """Their inputs are made after a GEMM (curve_bench.AFTER_GEMM_KINDS), outside the timed call; the other
+    kinds' inputs are made as before."""
+    gemms = []
+    real_forward = torch.nn.Linear.forward
+    monkeypatch.setattr(torch.nn.Linear, "forward", lambda self, x: (gemms.append(1), real_forward(self, x))[1])
+    bench = SampledBench(torch.device("cpu"), Budget(60.0))
+    calls = {}
+    for kind, case in curve_bench.curve_cases_as_timed(bench).items():
+        fn, make = case(4)
+        before = len(gemms)
+        fn(*make())
+        calls[kind] = len(gemms) - before
+    assert {kind for kind, n in calls.items() if n} == set(curve_bench.AFTER_GEMM_KINDS) == {"silu", "sigmoid", "gelu"}
+    assert all(n == 1 for kind, n in calls.items() if kind in curve_bench.AFTER_GEMM_KINDS)
 
 
 def _implausible_attempts(*anomalous):
