@@ -1,6 +1,7 @@
 """Time-against-bytes curves of the operators between convolutions: elementwise, normalisation, pooling,
 concatenation and copies, from 4 KB to 105 MB, which give each its per-call overhead and its cache and
-memory bandwidth; and the overhead of a call that moves no data.
+memory bandwidth; and the overhead of a call that moves no data. On the CPU, the transcendental kinds are
+timed right after a GEMM (AFTER_GEMM_KINDS), the state a network runs them in.
 """
 
 from __future__ import annotations
