@@ -13,8 +13,9 @@ MODEL_HELP = ("as classify takes: torchvision name, TorchScript file, module:fac
               "URI/directory")
 WEIGHTS_HELP = ("state_dict file or weights name, as classify takes (time does not depend on the values; the "
                 "preprocessing's crop does)")
-ALLOW_NOISY_HELP = ("keep a calibration whose repeated measurements disagree (a busy host) instead of refusing it; "
-                    "the profile records that it was forced (also SPARK_CNN_ALLOW_NOISY_CALIBRATION=1)")
+ALLOW_NOISY_HELP = ("keep a calibration whose repeated measurements disagree (a busy host) or whose transcendental "
+                    "operators time implausibly slow, instead of refusing it; the profile records that it was forced "
+                    "(also SPARK_CNN_ALLOW_NOISY_CALIBRATION=1)")
 
 
 def register(commands) -> None:
