@@ -30,10 +30,11 @@ Case = Callable[[int], tuple[Callable[..., Any], Callable[[], tuple]]]
 
 # Kinds timed right after a GEMM (CPU). Their vector exp/erf runs 3-4 times slower on this project's Xeon
 # guest at some moments and hours, in a process that has done only light work for a second or so: an
-# isolated silu on 0.8 MB took 267 us against relu's 27, and 84 against 24 with a GEMM before each call. A
-# network never is in that state: efficientnet_b0's silu ran at 0.42-0.49 ns per element, with or without
-# its classifier, in processes where an isolated sigmoid ran 3.6 times slower just before (docs/perf-model.md,
-# "Transcendental kinds after heavy work").
+# isolated silu on 0.8 MB took 267 us against relu's 27, and 84 against 24 with a GEMM before each call.
+# Networks mostly run them at the fast speed (efficientnet_b0's silu at 0.42-0.49 ns per element where an
+# isolated one took 1.2), so pricing them isolated put efficientnets up to 61% too slow; their long calls at
+# batch 32 and more do run slow, which is not priced yet (docs/perf-model.md, "Transcendental kinds after
+# heavy work").
 AFTER_GEMM_KINDS = ("silu", "sigmoid", "gelu")
 
 
