@@ -3,8 +3,8 @@
 The repeatability check catches a host whose speed changes *during* a calibration. It cannot catch a state
 that lasts: on this project's 2-core Xeon guest, every calibration from 17:13 to 18:08 UTC on 2026-12-02 timed
 silu, sigmoid and gelu 3 to 4 times slower than at any other hour, agreed with itself, and priced every
-efficientnet 14-53% too slow, while the networks measured in the same minutes ran at their usual speed
-(docs/perf-model.md, "The zoo with the call-warmth probe").
+efficientnet 14-53% too slow at batch 8, where networks ran them at about their usual speed (docs/perf-model.md,
+"The zoo with the call-warmth probe"; curve_bench now times them after a GEMM, which clears that state).
 
 What does not move with the hour is the ratio of those kinds to relu at the same bytes: relu (in place) is
 bound by memory, the others by the vector unit's exp/erf, so their ratio is a property of the CPU. Over the
@@ -12,7 +12,8 @@ bound by memory, the others by the vector unit's exp/erf, so their ratio is a pr
 calibration stayed at or below 4.96 (silu), 3.90 (sigmoid) and 5.56 (gelu); over the anomalous hour's 43 it
 stayed at or above 7.75, 6.81 and 8.66. The bounds sit between (near the geometric mean of each pair), and a
 calibration is flagged only when every kind it timed is beyond its bound: a vector path slow for one kind
-alone is not the state seen, and a CPU whose exp is merely slower than this one's does not cross all three.
+alone is not the state seen. The bounds come from this one CPU; another whose exp is much slower against its
+memory could cross them (the force option keeps such a calibration).
 """
 
 from __future__ import annotations

@@ -138,8 +138,8 @@ def steady(run: Callable[[], Any], *, what: str, allow_noisy: bool, attempts: in
     if rep.get("anomalies") and rep["median_pct"] <= rep["bound_pct"]:
         raise NoisyCalibration(
             f"calibration of {what}: {rep['anomalies'][0]} in {attempts} attempts, although it repeated within "
-            f"{rep['median_pct']}%: a state of the host that networks have not shared (docs/perf-model.md, "
-            f"\"A calibration to trust\"); calibrate again later, or {force}")
+            f"{rep['median_pct']}%: a state of the host that a GEMM before each call did not clear "
+            f"(docs/perf-model.md, \"A calibration to trust\"); calibrate again later, or {force}")
     others = load.get("others_cpu_share")
     busy = f"other processes used {100 * others:.0f}% of its {load.get('cores')} cores" if others is not None \
         else f"load average {load.get('loadavg_end')}"
