@@ -50,6 +50,7 @@ from spark_cnn.models.timing import (
     time_batches,
     timed,
 )
+from spark_cnn.models.vector_math_guard import guard_vector_math
 from spark_cnn.perf.calibration import DeviceProfile, calibrate
 from spark_cnn.perf.child_env import sidecar_child_env
 from spark_cnn.perf.layers import DEFAULT_INPUT_SHAPE, ModelCost, analyse
@@ -88,6 +89,7 @@ def measure_batch_ms(module: nn.Module, input_shape: Sequence[int], batch: int, 
     settle_allocator()
     staged = torch.from_numpy(random_pixels(input_shape, batch))
     prep = preprocessing_for(input_shape)
+    guard_vector_math(module)  # as the sidecar's runner runs a CPU model
     predictor = Predictor(module.eval(), top_k=DEFAULT_TOP_K)
 
     def run() -> Any:
@@ -108,6 +110,7 @@ def measure_layers_ms(module: nn.Module, input_shape: Sequence[int], batch: int,
     """
     check_options(repeats=max(repeats, 1), warmup=0, clock=clock)
     read = CLOCKS[clock]
+    guard_vector_math(module)  # as the sidecar's runner runs a CPU model; the graph calls the same modules
     graph = torch.fx.symbolic_trace(module.eval())
     settle_allocator()
     pixels = torch.from_numpy(random_pixels(input_shape, batch))

@@ -26,6 +26,7 @@ from spark_cnn.models.loader import build_module
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.tracing import FX_GATE
+from spark_cnn.models.vector_math_guard import guard_vector_math
 from spark_cnn.sidecar.fault_injection import (
     INJECT_MODEL_FAULT_ENV,
     INJECT_OOM_ENV,
@@ -162,6 +163,8 @@ class ModelRunner:
                               kind=endpoint.kind or None).to(device)
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
+        if not self.cuda:
+            guard_vector_math(module)  # silu & co. at full speed on the CPU (models/vector_math_guard.py)
         if options.compile:
             module = torch.compile(module)
         if endpoint.task == "detect":

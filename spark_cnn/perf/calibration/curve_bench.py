@@ -1,7 +1,7 @@
 """Time-against-bytes curves of the operators between convolutions: elementwise, normalisation, pooling,
 concatenation and copies, from 4 KB to 105 MB, which give each its per-call overhead and its cache and
-memory bandwidth; and the overhead of a call that moves no data. On the CPU, the transcendental kinds are
-timed right after a GEMM (AFTER_GEMM_KINDS), the state a network runs them in.
+memory bandwidth; and the overhead of a call that moves no data. On the CPU, the activations the sidecar
+guards (silu, sigmoid, gelu: models/vector_math_guard.py) are timed with their guard, as the sidecar runs them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from spark_cnn.models.vector_math_guard import guard_vector_math
 from spark_cnn.perf.calibration.harness import Bench, fresh
 
-__all__ = ["AFTER_GEMM_KINDS", "CURVE_SIDES", "curve_cases_as_timed", "time_curves"]
+__all__ = ["CURVE_SIDES", "curve_cases", "time_curves"]
 
 # Sizes: 64 channels of s x s pixels, 4 KB to 105 MB at fp32 (1 to 26 M elements). The largest is a batch-64
 # activation of a network's first layers: beyond the last-level cache the cost per byte still grows, so
@@ -28,19 +29,14 @@ CURVE_SIDES = (4, 14, 28, 56, 112, 224, 448, 640)
 Case = Callable[[int], tuple[Callable[..., Any], Callable[[], tuple]]]
 
 
-# Kinds timed right after a GEMM (CPU). Their vector exp/erf runs 3-4 times slower on this project's Xeon
-# guest at some moments and hours, in a process that has done only light work for a second or so: an
-# isolated silu on 0.8 MB took 267 us against relu's 27, and 84 against 24 with a GEMM before each call.
-# Networks mostly run them at the fast speed (efficientnet_b0's silu at 0.42-0.49 ns per element where an
-# isolated one took 1.2), so pricing them isolated put efficientnets up to 61% too slow; their long calls at
-# batch 32 and more do run slow, which is not priced yet (docs/perf-model.md, "Transcendental kinds after
-# heavy work").
-AFTER_GEMM_KINDS = ("silu", "sigmoid", "gelu")
-
-
-def _curve_cases(bench: Bench) -> dict[str, Case]:
+def curve_cases(bench: Bench) -> dict[str, Case]:
     """Kind -> a function of the side s that gives the call and the maker of its inputs."""
     def unary(module: nn.Module) -> Case:
+        if not bench.cuda:
+            # Timed with the guard the sidecar puts before them on the CPU, which keeps their vector exp at full
+            # speed (without it, at some moments, 2 to 4 times slower: models/vector_math_guard.py).
+            guard_vector_math(module)
+
         def make(side: int):
             module.to(bench.device)
             return module, fresh(bench.tensor(1, 64, side, side) - 0.5)
@@ -96,26 +92,10 @@ def _curve_cases(bench: Bench) -> dict[str, Case]:
             "adaptive_avg_pool2d": global_avg_pool, "mean": mean, "relu_out": unary(nn.ReLU())}
 
 
-def _after_gemm(bench: Bench, case: Case) -> Case:
-    """`case` with a small GEMM run before each of its inputs is made."""
-    gemm, rows = nn.Linear(256, 256).eval().to(bench.device), bench.tensor(16, 256)
-
-    def make(side: int):
-        fn, made = case(side)
-        return fn, (lambda: (gemm(rows), made())[1])
-    return make
-
-
-def curve_cases_as_timed(bench: Bench) -> dict[str, Case]:
-    """Kind -> its case as time_curves times it: AFTER_GEMM_KINDS after a GEMM on the CPU."""
-    return {kind: _after_gemm(bench, case) if kind in AFTER_GEMM_KINDS and not bench.cuda else case
-            for kind, case in _curve_cases(bench).items()}
-
-
 def time_curves(bench: Bench) -> tuple[dict[str, tuple], dict[str, float]]:
     """Per kind, microseconds per call without faults against the bytes of its (fp32) output; for the global
     pools and means, of their input. Sizes interleave so a small budget still spans them."""
-    cases = curve_cases_as_timed(bench)
+    cases = curve_cases(bench)
     order = [CURVE_SIDES[i] for i in (0, 4, 2, 6, 3, 5, 1, 7)]
     points: dict[str, list[tuple[float, float]]] = {kind: [] for kind in cases}
     work = [(side, kind) for side in order for kind in cases]

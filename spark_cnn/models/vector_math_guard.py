@@ -1,0 +1,59 @@
+"""Keep the CPU's vector exp fast in front of the activations that use it. Imports torch: sidecar side only.
+
+On the project's Xeon guest, torch's SLEEF-based vector kernels (silu, sigmoid, gelu, elu: those built on
+Vectorized<float>::exp) fall at some moments into a state where they run 2.2 times slower, and stay there until
+the process makes an MKL call; oneDNN convolutions do not end it. A network whose 1x1 convolutions run as MKL
+GEMMs (batch < 16 on one thread) ends it at every block; one that runs them in oneDNN (batch >= 16, or more than
+one thread) keeps it to the end of the forward: efficientnet_b0 at batch 32 ran 132 to 136 of 160 large silu
+calls at 1.3-1.5 ns per element against 0.4-0.7, and 0 to 1 of 160 with an 8 x 8 matrix product before each
+(docs/perf-model.md, "The vector-exp guard"). That product costs 1.4 us; the activation it guards, 0.1 to 25 ms.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["GUARDED_ACTIVATIONS", "guard_vector_math", "is_guarded"]
+
+# The module kinds whose CPU kernels are SLEEF's vector exp (silu, sigmoid, elu) or slowed with it (gelu), as
+# measured (docs/perf-model.md). Functional calls (torch.sigmoid inside a forward) cannot be hooked.
+GUARDED_ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.SiLU, nn.Sigmoid, nn.GELU, nn.ELU)
+
+# The smallest matrix product that ended the state (8 x 8 ended it in 128 of 128 calls, as 16 x 256 x 256 did).
+_GUARD_SIDE = 8
+
+_GUARD_HOOK = "_spark_cnn_vector_math_guard"
+
+
+def _guard_hook() -> object:
+    operand = torch.ones(_GUARD_SIDE, _GUARD_SIDE)
+
+    def before_activation(module: nn.Module, args: tuple) -> None:
+        torch.mm(operand, operand)  # the call, not its result, is the point: it ends the slow state
+    return before_activation
+
+
+def guard_vector_math(module: nn.Module) -> int:
+    """Run a tiny MKL matrix product before every GUARDED_ACTIVATIONS module of `module` (itself included), so
+    their vector exp runs at full speed on the CPU; the outputs are unchanged. Returns how many modules it
+    guarded; a module guarded before is not guarded twice. For CPU modules only (CUDA kernels do not need it).
+
+    >>> net = nn.Sequential(nn.Conv2d(3, 8, 1), nn.SiLU(), nn.ReLU(), nn.Sigmoid())
+    >>> guard_vector_math(net), guard_vector_math(net)
+    (2, 0)
+    >>> is_guarded(net[1]), is_guarded(net[2])
+    (True, False)
+    """
+    hook = _guard_hook()
+    guarded = 0
+    for sub in module.modules():
+        if isinstance(sub, GUARDED_ACTIVATIONS) and not is_guarded(sub):
+            setattr(sub, _GUARD_HOOK, sub.register_forward_pre_hook(hook))
+            guarded += 1
+    return guarded
+
+
+def is_guarded(module: nn.Module) -> bool:
+    """Whether guard_vector_math put its guard on this module."""
+    return hasattr(module, _GUARD_HOOK)
