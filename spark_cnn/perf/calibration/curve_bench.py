@@ -7,20 +7,30 @@ guards (silu, sigmoid, gelu: models/vector_math_guard.py) are timed with their g
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import pairwise
 from typing import Any
 
 import torch
 from torch import nn
 
 from spark_cnn.models.vector_math_guard import guard_vector_math
-from spark_cnn.perf.calibration.harness import Bench, fresh
+from spark_cnn.perf.calibration.harness import Bench, Timing, fresh
 
-__all__ = ["CURVE_SIDES", "curve_cases", "time_curves"]
+__all__ = ["CURVE_SIDES", "JUMP_PER_BYTE", "curve_cases", "time_curves"]
 
 # Sizes: 64 channels of s x s pixels, 4 KB to 105 MB at fp32 (1 to 26 M elements). The largest is a batch-64
 # activation of a network's first layers: beyond the last-level cache the cost per byte still grows, so
 # extrapolating from smaller tensors under-predicts large batches.
 CURVE_SIDES = (4, 14, 28, 56, 112, 224, 448, 640)
+# A point from 0.8 MB up whose cost per byte is more than JUMP_PER_BYTE times its next smaller neighbour's is
+# timed again (JUMP_RETRIES times at most) and priced at the median of all its calls. Over 318 committed
+# calibrations the cost per byte grew at most 2.95 times from one size to the next (99.9th percentile), but
+# 18 of them held a point 4.2 to 19 times its neighbour's (max_pool, batch_norm, add at 51-105 MB: calls that
+# stalled for 0.25-0.6 s), and extrapolated to batch 64 it priced timm's rexnet_100 213% too slow
+# (docs/perf-model.md, "Stalled calls in calibration").
+JUMP_FROM_BYTES = 800_000
+JUMP_PER_BYTE = 4.0
+JUMP_RETRIES = 2
 
 # Per-kind elementwise benchmarks: side -> (call, fresh inputs). Tensors are (1, 64, s, s); in-place kinds act
 # in place as torchvision's modules do (ReLU(inplace=True), `out += identity`). Inputs are made fresh before
@@ -94,16 +104,25 @@ def curve_cases(bench: Bench) -> dict[str, Case]:
 
 def time_curves(bench: Bench) -> tuple[dict[str, tuple], dict[str, float]]:
     """Per kind, microseconds per call without faults against the bytes of its (fp32) output; for the global
-    pools and means, of their input. Sizes interleave so a small budget still spans them."""
+    pools and means, of their input. Sizes interleave so a small budget still spans them; a point whose cost
+    per byte jumps beyond JUMP_PER_BYTE times its smaller neighbour's is timed again."""
     cases = curve_cases(bench)
     order = [CURVE_SIDES[i] for i in (0, 4, 2, 6, 3, 5, 1, 7)]
-    points: dict[str, list[tuple[float, float]]] = {kind: [] for kind in cases}
+    timings: dict[str, dict[int, Timing]] = {kind: {} for kind in cases}
     work = [(side, kind) for side in order for kind in cases]
     for side, kind in bench.points("curves", work):
         fn, fresh = cases[kind](side)
-        timing = bench.time(fn, fresh)
-        points[kind].append((float(64 * side * side * 4), bench.us_without_faults(timing)))
+        timings[kind][side] = bench.time(fn, fresh)
         del fn, fresh
+    for _ in range(JUMP_RETRIES):
+        for kind, side in _jumps(bench, timings):
+            fn, fresh = cases[kind](side)
+            again = bench.time(fn, fresh)
+            before = timings[kind][side]
+            timings[kind][side] = Timing(before.seconds + again.seconds, before.faults + again.faults)
+            del fn, fresh
+    points = {kind: [(float(_bytes(side)), bench.us_without_faults(t)) for side, t in by_side.items()]
+              for kind, by_side in timings.items()}
     flatten_module, flatten = nn.Flatten(), torch.flatten
     leaf, container = nn.Identity(), nn.Sequential(nn.Identity())
     x = bench.tensor(1, 64, 1, 1)
@@ -112,3 +131,20 @@ def time_curves(bench: Bench) -> tuple[dict[str, tuple], dict[str, float]]:
                "container": max(bench.time(container, lambda: (x,)).best_s - bench.time(leaf, lambda: (x,)).best_s,
                                 0.0) * 1e6}
     return {kind: tuple(sorted(p)) for kind, p in points.items() if p}, call_us
+
+
+def _bytes(side: int) -> int:
+    return 64 * side * side * 4
+
+
+def _jumps(bench: Bench, timings: dict[str, dict[int, Timing]]) -> list[tuple[str, int]]:
+    """(kind, side) of the points whose cost per byte jumps beyond JUMP_PER_BYTE from the next smaller size."""
+    found = []
+    for kind, by_side in timings.items():
+        for smaller, side in pairwise(sorted(by_side)):
+            if _bytes(smaller) < JUMP_FROM_BYTES:
+                continue
+            per_byte = [bench.us_without_faults(by_side[s]) / _bytes(s) for s in (smaller, side)]
+            if per_byte[1] > JUMP_PER_BYTE * per_byte[0]:
+                found.append((kind, side))
+    return found
