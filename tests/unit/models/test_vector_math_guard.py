@@ -89,3 +89,22 @@ def test_perfs_in_process_measurements_time_the_guarded_module():
     other = classifier()
     measure_layers_ms(other, (3, 32, 32), 2, repeats=1)
     assert sum(is_guarded(m) for m in other.modules()) == 4
+
+
+def test_timms_own_sigmoid_and_gelu_classes_are_guarded_and_its_others_are_not():
+    activations = pytest.importorskip("timm.layers.activations")
+    net = nn.Sequential(activations.GELU(), activations.Sigmoid(), activations.Swish(), activations.QuickGELU(),
+                        activations.GELUTanh(), activations.HardSwish(), activations.Tanh(), activations.PReLU())
+    assert guard_vector_math(net) == 5
+    assert [is_guarded(m) for m in net] == [True] * 5 + [False] * 3
+
+
+def test_a_timm_network_built_with_its_own_gates_is_guarded_wherever_it_runs_the_vector_exp():
+    timm = pytest.importorskip("timm")
+    net = timm.create_model("rexnet_100", pretrained=False).eval()
+    assert guard_vector_math(net) == 30  # 17 silu (torch's), 13 squeeze-excitation gates (timm's Sigmoid)
+    kinds: dict[str, list[bool]] = {}
+    for m in net.modules():
+        kinds.setdefault(f"{type(m).__module__}.{type(m).__name__}", []).append(is_guarded(m))
+    assert len(kinds["timm.layers.activations.Sigmoid"]) == 13 and all(kinds["timm.layers.activations.Sigmoid"])
+    assert all(kinds["torch.nn.modules.activation.SiLU"]) and not any(kinds["torch.nn.modules.activation.ReLU6"])
