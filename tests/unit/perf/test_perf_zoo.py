@@ -178,6 +178,9 @@ def test_judge_predicts_stored_measurements_and_writes_the_tables():
     assert "| block | 0.01 |" in table and "conv:depthwise -50%" in table
     assert "Not measured: huge (batch 1: MemoryError: x)" in table
     assert "median MAPE at batch >= 8 <= 5%" in table
+    assert table.startswith("1 networks under 9.5 GFLOPs per 224 px image, batch sizes 1,8, cpu clock")
+    named = zoo.markdown(judged, max_gflops=9.5, batch_sizes=[1, 8], clock="cpu", networks="1 held-out network")
+    assert named.startswith("1 held-out network, batch sizes 1,8, cpu clock")
 
 
 def test_attention_is_priced_by_its_multiply_adds_at_the_gemm_rate():
@@ -248,6 +251,27 @@ def test_the_benchmark_suite_runs_the_zoo_validation_and_make_test_does_not():
     assert args.max_gflops == zoo.DEFAULT_MAX_GFLOPS and 8 in map(int, args.batch_sizes.split(","))
     test_recipe, _ = _make_recipe("test")
     assert not any("zoo" in line or "bench" in line for line in test_recipe), test_recipe
+
+
+def test_the_held_out_set_has_its_own_benchmark_and_shares_nothing_with_the_zoo():
+    import argparse
+    import shlex
+
+    from spark_cnn.perf.validate_command import add_arguments
+
+    recipe, _ = _make_recipe("bench-heldout")
+    words = shlex.split(" ".join(line.rstrip("\\") for line in recipe))
+    assert words[:2] == ["$(BIN)/spark-cnn", "validate"], words
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(words[2:])
+    assert args.heldout and not args.zoo and args.calibrate_each
+    assert args.json == "docs/zoo-heldout.json" and args.markdown == "docs/zoo-heldout.md"
+    # held out means never developed on: no network of the torchvision catalogue the zoo judges
+    assert len(zoo.HELDOUT) == 12 and all(name.startswith("timm:") for name in zoo.HELDOUT)
+    assert not {name.split(":", 1)[1] for name in zoo.HELDOUT} & set(zoo.catalogue())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--zoo", "--heldout"])
 
 
 def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp_path):
