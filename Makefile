@@ -27,12 +27,14 @@ bench-identity: venv
 	$(BIN)/spark-cnn bench --models identity --variants predict_batch_udf spark_cnn spark_cnn_sidecar_decode \
 		ray_data daft limit --json docs/bench-identity.json
 
-# The time model on every torchvision classifier under 9.5 GFLOPs (docs/perf-model.md, "The zoo"): about an hour
-# on a 2-core machine at these batch sizes, resumable (a rerun measures only what docs/zoo.json lacks; more batch
-# sizes or sweeps add only theirs: make bench-zoo ZOO_ARGS="--batch-sizes 1,2,4,8,16,32,64 --sweeps 2"). Each
-# network is judged against a calibration made just before it (kept in docs/zoo-profiles/): a host's speed
-# drifts by the hour. Quiet machine; never part of `make test`.
-ZOO_ARGS ?= --batch-sizes 1,8,32,64 --sweeps 1 --calibrate-each
+# The time model on every torchvision classifier under 9.5 GFLOPs (docs/perf-model.md, "The zoo"): about 75
+# minutes on a 2-core machine at these batch sizes, two sweeps back to back so the table carries its own noise;
+# resumable (a rerun measures only what docs/zoo.json lacks; more batch sizes add only theirs: make bench-zoo
+# ZOO_ARGS="--batch-sizes 1,2,4,8,16,32,64 --sweeps 2 --calibrate-each"). Each network is judged against a
+# calibration made just before it (kept in docs/zoo-profiles/): a host's speed drifts by the hour, so points
+# added later are judged against a new calibration; start a fresh file to compare sweeps. Quiet machine; never
+# part of `make test`.
+ZOO_ARGS ?= --batch-sizes 1,8,32,64 --sweeps 2 --calibrate-each
 bench-zoo: venv
 	$(BIN)/spark-cnn validate --zoo $(ZOO_ARGS) --json docs/zoo.json --markdown docs/zoo.md
 
