@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -193,11 +194,12 @@ def _calibrated_before(path: str, name: str, entry: dict[str, Any], calibrate: C
     profile = calibrate()
     folder = profiles_dir(path)
     os.makedirs(folder, exist_ok=True)
-    partial = os.path.join(folder, f"{name}.json.partial")
+    file = re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".json"  # timm:x -> timm_x.json, a name every OS takes
+    partial = os.path.join(folder, f"{file}.partial")
     with open(partial, "w") as f:
         f.write(profile.to_json())
-    os.replace(partial, os.path.join(folder, f"{name}.json"))
-    entry["profile"] = {"file": f"{name}.json", "key": profile.key, "created": profile.created,
+    os.replace(partial, os.path.join(folder, file))
+    entry["profile"] = {"file": file, "key": profile.key, "created": profile.created,
                         "calibration_s": profile.calibration_s, "load": _plain_dict(profile.load),
                         "repeatability": _plain_dict(profile.repeatability), "notes": list(profile.notes)}
     return (f"{name}: calibrated in {profile.calibration_s} s "

@@ -274,6 +274,15 @@ def test_the_held_out_set_has_its_own_benchmark_and_shares_nothing_with_the_zoo(
         parser.parse_args(["--zoo", "--heldout"])
 
 
+def test_a_networks_own_profile_is_a_file_name_every_system_takes(tmp_path):
+    path = str(tmp_path / "heldout.json")
+    state = zoo.sweep(path, ["timm:a/b"], [1], sweeps=1, settings={**SETTINGS, "attribute_at": 0}, gflops={},
+                      log=lambda line: None, measure=lambda *args: (1.0, 0.01, "retained"),
+                      calibrate=lambda: synthetic_profile(key="own"))
+    assert [p.name for p in (tmp_path / "heldout-profiles").iterdir()] == ["timm_a_b.json"]
+    assert zoo.own_profiles(path, state)("timm:a/b").key == "own"
+
+
 def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp_path):
     path = str(tmp_path / "zoo.json")
     fast, slow = synthetic_profile(key="fast", conv_call_us=20.0), synthetic_profile(key="slow", conv_call_us=2000.0)
