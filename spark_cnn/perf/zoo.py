@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -194,7 +193,9 @@ def _calibrated_before(path: str, name: str, entry: dict[str, Any], calibrate: C
     profile = calibrate()
     folder = profiles_dir(path)
     os.makedirs(folder, exist_ok=True)
-    file = re.sub(r"[^A-Za-z0-9._-]", "_", name) + ".json"  # timm:x -> timm_x.json, a name every OS takes
+    from spark_cnn.perf.calibration.device_profile import file_slug
+
+    file = file_slug(name) + ".json"  # timm:x -> timm_x.json
     partial = os.path.join(folder, f"{file}.partial")
     with open(partial, "w") as f:
         f.write(profile.to_json())

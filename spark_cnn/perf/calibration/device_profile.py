@@ -42,7 +42,7 @@ from spark_cnn.perf.child_env import sidecar_child_env
 from spark_cnn.task.sidecar_env import RETAINED, allocator_of, cpu_threads
 
 __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION", "DeviceProfile",
-           "cache_path", "calibrate", "device_key"]
+           "cache_path", "calibrate", "device_key", "file_slug"]
 
 # Bumped whenever a table changes meaning: cached profiles of another version are measured again (the
 # versions' changes are listed in docs/perf-model.md, "Calibration").
@@ -192,12 +192,13 @@ def device_key(device: str = "cpu", threads: int | None = None) -> str:
     version = torch.__version__.split("+")[0]
     if resolved.type == "cuda":
         name = torch.cuda.get_device_name(resolved)
-        return _slug(f"cuda-{name}-torch{version}")
+        return file_slug(f"cuda-{name}-torch{version}")
     threads = cpu_threads(threads)
-    return _slug(f"cpu-{_cpu_name()}-{os.cpu_count()}c-{threads}t-torch{version}")
+    return file_slug(f"cpu-{_cpu_name()}-{os.cpu_count()}c-{threads}t-torch{version}")
 
 
-def _slug(text: str) -> str:
+def file_slug(text: str) -> str:
+    """`text` as a file name every system takes: runs of other characters become one `_`."""
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", text).strip("_")
 
 

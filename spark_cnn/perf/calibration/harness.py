@@ -31,8 +31,8 @@ MAX_REPEATS = 10
 WARMUP = 1
 # A point whose calls disagree by more than STALL_RATIO (slowest over fastest) gets STALL_EXTRA_CALLS more, and
 # its median is taken over all of them. On this project's VM guest a call over 50-100 MB sometimes stalled
-# for 0.25-0.7 s against 8-46 ms (cause unknown; not reproduced on demand); such
-# a call made long, so the point got one more call, and the upper median of two was the stall. 18 of 318
+# for 0.25-0.7 s against 8-46 ms (cause unknown; not reproduced on demand); such a call made long, so the
+# point got one more call, and the upper median of two was the stall. 18 of 318
 # committed calibrations carried a curve point over 4 times its neighbour's cost per byte (max_pool,
 # batch_norm, add at 51-105 MB); two in one run priced timm's rexnet_100 and dla34 at batch 64 213% and 59% too
 # slow (docs/perf-model.md, "Stalled calls in calibration").
