@@ -5,19 +5,17 @@ The driver resolves the URI with MLflow (tracking and registry URIs from MLFLOW_
 MLFLOW_REGISTRY_URI, as MLflow reads them), downloads the artifacts once into a cache keyed by the resolved
 version, and ships the one file that holds the model. Executors load that file with torch alone, so they need no
 mlflow: a `model.pt2` (MLflow 3's default format, `torch.export`) with `torch.export.load`, after checking that
-nothing in the archive needs a free unpickle (every record is JSON, short text, raw tensor bytes, or loads with
-`weights_only=True`); a TorchScript module MLflow saved as `model.pth` with `torch.jit.load` (code, trusted as
-any TorchScript file). A pickled `nn.Module` (`serialization_format="pickle"`, MLflow 2's default) is refused:
-unpickling it runs whatever the file says, and weights files here never run code.
+nothing torch.export.load reads from the archive needs a free unpickle (pt2_check); a TorchScript module MLflow
+saved as `model.pth` with `torch.jit.load` (code, trusted as any TorchScript file). A pickled `nn.Module`
+(`serialization_format="pickle"`, MLflow 2's default) is refused: unpickling it runs whatever the file says, and
+weights files here never run code.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -28,6 +26,7 @@ from torch import nn
 
 from spark_cnn.errors import ModelError
 from spark_cnn.models.extras import import_extra
+from spark_cnn.models.pt2_check import check_pickle_free
 from spark_cnn.models.spec import MLFLOW_SCHEMES, MLMODEL_FILE, file_sha256
 from spark_cnn.models.weights import ResolvedWeights
 
@@ -184,51 +183,6 @@ def load_mlflow_file(path: str, source: str) -> nn.Module:
     raise ModelError(f"--model {source} is a pickled PyTorch model, which runs code when loaded; log it with "
                      "mlflow.pytorch.log_model(model, name=..., input_example=..., serialization_format='pt2') "
                      "(MLflow 3's default), or pass its state_dict as --weights with --model module:factory")
-
-
-# Records of a .pt2 archive that torch reads as text (never unpickled): format, version, byte order, ids.
-_TEXT_RECORDS = ("archive_format", "archive_version", "byteorder", "version", "serialization_id")
-_TEXT = re.compile(r"^[A-Za-z0-9_.\-]*\n?$")
-
-
-def check_pickle_free(path: str, source: str) -> None:
-    """Refuse a .pt2 archive that holds anything torch.export.load would unpickle freely: each record must be
-    JSON, one of torch's short text records, tensor bytes its payload config marks raw (`use_pickle: false`), or
-    a torch file that loads with weights_only=True. (torch.export.load itself unpickles with weights_only=False.)"""
-    try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as e:
-        raise ModelError(f"--model {source}: {os.path.basename(path)} is not a .pt2 archive ({e})") from e
-    with archive:
-        records = [info.filename for info in archive.infolist() if not info.is_dir()]
-        raw = set()
-        for name in records:
-            if name.endswith("_config.json"):
-                entries = _json(archive.read(name))
-                folder = name.rpartition("/")[0]
-                for entry in (entries or {}).get("config", {}).values():
-                    if isinstance(entry, dict) and entry.get("use_pickle") is False and "/" not in entry["path_name"]:
-                        raw.add(f"{folder}/{entry['path_name']}")
-        for name in records:
-            data = archive.read(name)
-            if name in raw or _json(data) is not None:
-                continue
-            if name.rpartition("/")[2] in _TEXT_RECORDS and _TEXT.match(data.decode("ascii", errors="replace")):
-                continue
-            buffer = io.BytesIO(data)
-            try:
-                torch.load(buffer, map_location="cpu", weights_only=True)
-            except Exception as e:
-                raise ModelError(f"--model {source}: record {name} of its .pt2 archive needs a free unpickle (it "
-                                 f"can run code; {type(e).__name__}), refused; export the model with tensors and "
-                                 "plain values only") from e
-
-
-def _json(data: bytes):
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
 
 
 def _is_torchscript(path: str) -> bool:
