@@ -7,7 +7,12 @@ you import. State dicts are loaded with `weights_only=True`, which refuses pickl
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import shutil
+import sys
+import tempfile
+import threading
 from collections import OrderedDict
 
 import torch
@@ -16,6 +21,7 @@ from torch import nn
 
 from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.models.factory_code import factory_code_digest, factory_files
 from spark_cnn.models.spec import model_kind
 
 # Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads. Built for
@@ -107,7 +113,7 @@ SEGMENT_AUX_PREFIX = "aux_classifier."
 def _from_factory(source: str) -> nn.Module:
     module_name, _, attr = source.partition(":")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        factory = getattr(_import_current(module_name), attr)
     except (ImportError, AttributeError, ValueError) as e:  # ValueError: an empty module name
         raise ModelError(f"--model {source}: cannot import {attr!r} from {module_name!r} ({e}); the module must be "
                          f"importable on the driver and executors (e.g. spark-submit --py-files)") from e
@@ -115,6 +121,38 @@ def _from_factory(source: str) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise ModelError(f"--model {source}: the factory returned {type(module).__name__}, expected torch.nn.Module")
     return module
+
+
+# The code digest (factory_code.py) of each factory module as this process imported it. A warm sidecar asked for
+# an edited factory (a new fingerprint) must not build it from the module it imported before.
+_imported_code: dict[str, str] = {}
+_import_lock = threading.Lock()
+
+
+def _import_current(module_name: str):
+    """`module_name` imported as its files are now: when its code changed since this process imported it, its
+    modules (those of factory_files) are dropped and imported again, compiled from source."""
+    with _import_lock:
+        digest = factory_code_digest(module_name)
+        if _imported_code.get(module_name, digest) == digest:
+            module = importlib.import_module(module_name)
+        else:
+            _, files = factory_files(module_name)
+            stale = set(files)
+            for name, loaded in list(sys.modules.items()):
+                path = getattr(loaded, "__file__", None)
+                if isinstance(path, str) and os.path.abspath(path) in stale:
+                    del sys.modules[name]
+            importlib.invalidate_caches()
+            # Cached bytecode is trusted by size and modification time, which an edit can leave as they were.
+            prefix, sys.pycache_prefix = sys.pycache_prefix, tempfile.mkdtemp(prefix="spark_cnn_factory_")
+            try:
+                module = importlib.import_module(module_name)
+            finally:
+                shutil.rmtree(sys.pycache_prefix, ignore_errors=True)
+                sys.pycache_prefix = prefix
+        _imported_code[module_name] = digest
+        return module
 
 
 def _load_weights(module: nn.Module, source: str, weights: str, weights_enum: str | None = None) -> nn.Module:

@@ -12,6 +12,7 @@ same model, files, code and libraries skips the child: a CLI run or a scheduled 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
@@ -21,13 +22,14 @@ import threading
 
 from spark_cnn.errors import ModelError, SparkCnnError
 from spark_cnn.models import check_cache
+from spark_cnn.models.factory_code import factory_code_digest, file_digest
 from spark_cnn.models.spec import ModelSpec
 
 # Importing torch on a loaded host takes seconds; loading a large model's weights can take a minute.
 RESOLVE_TIMEOUT_S = 300.0
-# Checked models by (spec, options, model and weight files' size and mtime, torch's cache location): a notebook or
-# a benchmark that runs several jobs over one model pays for the child process once (check_cache.py: other
-# processes too).
+# Checked models by (spec, options, model and weight files' contents, a factory's code, torch's cache location):
+# a notebook or a benchmark that runs several jobs over one model pays for the child process once (check_cache.py:
+# other processes too).
 _checked: dict = {}
 CACHE_ENVIRONMENT = ("TORCH_HOME", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE",
                      "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
@@ -35,16 +37,31 @@ _checked_lock = threading.Lock()
 
 
 def _cache_key(spec: ModelSpec, options: dict) -> tuple:
-    stats = []
-    for path in (spec.source, spec.weights):
-        try:
-            st = os.stat(path) if path else None
-            stats.append((st.st_size, st.st_mtime_ns) if st else None)
-        except OSError:
-            stats.append(None)
+    # By content: a file rewritten with its old size and modification time restored (cp -p, rsync, a checkout)
+    # is another model; a factory by the bytes of its module's code (factory_code.py).
+    contents = [_contents(path) for path in (spec.source, spec.weights)]
+    code = factory_code_digest(spec.source) if spec.kind == "factory" else None
     # Named weights resolve to a file in torch's (or timm's, MLflow's) cache, which these variables place.
     cache = tuple(os.environ.get(name) for name in CACHE_ENVIRONMENT)
-    return repr(spec), tuple(sorted(options.items())), tuple(stats), cache
+    return repr(spec), tuple(sorted(options.items())), tuple(contents), code, cache
+
+
+def _contents(path: str | None) -> str | None:
+    """SHA-256 of a file, or of a folder's files by name (a local MLflow model); None when `path` is neither."""
+    try:
+        if path and os.path.isfile(path):
+            return file_digest(path)
+        if path and os.path.isdir(path):
+            digest = hashlib.sha256()
+            for root, dirs, names in os.walk(path):
+                dirs.sort()
+                for name in sorted(names):
+                    file = os.path.join(root, name)
+                    digest.update(f"{os.path.relpath(file, path)}\0{file_digest(file)}\n".encode())
+            return digest.hexdigest()
+    except OSError:
+        pass
+    return None
 
 
 def resolve_endpoint_isolated(spec: ModelSpec, **options):

@@ -13,6 +13,7 @@ from typing import Any
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.imaging.sizing import SizeRule
+from spark_cnn.models.factory_code import factory_code_digest
 from spark_cnn.models.weights import NAME, RANDOM, TIMM_PRETRAINED, weights_kind
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
@@ -160,11 +161,14 @@ class Endpoint:
         return cls(**data)
 
     def with_fingerprint(self) -> Endpoint:
-        """Fingerprint = hash of what decides the outputs: the model (a file's contents, not its path; a name
-        or `module:factory` as written, so a factory's code is not covered), weights contents, preprocessing
-        and heads. The same model under two paths is one model to a sidecar."""
+        """Fingerprint = hash of what decides the outputs: the model (a file's contents, not its path; a name as
+        written; `module:factory` as written and the bytes of its code, factory_code.py), weights contents,
+        preprocessing and heads. The same model under two paths is one model to a sidecar; an edited factory is
+        another one."""
         digest = hashlib.sha256()
         model = file_sha256(self.source) if os.path.isfile(self.source) else self.source
+        if (self.kind or model_kind(self.source)) == "factory":
+            model += "\0code:" + factory_code_digest(self.source)
         weights = file_sha256(self.weights) if self.weights else ""
         for part in (model, weights, json.dumps(self.preprocessing.to_dict(), sort_keys=True),
                      str(self.top_k), str(self.logits), str(self.embeddings)):
