@@ -74,6 +74,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
         started = time.perf_counter()
         log = EtlLog(fs, checkpoint_uri)
+        log.claim_input(input_uri)  # its paths are spelled as INPUT is: another spelling would take all again
         in_tasks = input_path is not None or storage is not None
         # The frame's contents do not matter to planning: only the encoding and storage (no labels, as before).
         encoding = LOCAL_FILES if in_tasks else ENCODED
