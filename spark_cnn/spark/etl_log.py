@@ -224,9 +224,11 @@ class EtlLog:
             self._delete(WAITING)
 
     def attempts(self, n: int) -> int:
-        """How many times batch `n` has been started (a kill or a failure ended each one that is not done)."""
+        """How many times planned batch `n` has been started (a kill or a failure ended each one not done): its
+        batch file, written just before it first ran, counts as the first, so a batch that runs once costs no
+        write here."""
         record = self._read_json(ATTEMPTS)
-        return int(record.get("attempts", 0)) if record.get("batch") == n else 0
+        return int(record.get("attempts", 1)) if record.get("batch") == n else 1
 
     def start_attempt(self, n: int) -> int:
         """Record one more attempt at batch `n` before it runs (so a killed driver's attempt counts too);
