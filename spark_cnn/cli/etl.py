@@ -78,6 +78,8 @@ def report(summary: dict) -> str:
     return "\n".join([
         f"new images  {summary['images']}",
         f"errors      {summary['errors']}",
+        *([f"isolated    {len(summary['isolated'])}  (their micro-batch kept failing and they failed alone: error "
+           "rows, the run went on; see the summary)"] if summary.get("isolated") else []),
         f"images/s    {rate}  ({summary['elapsed_s']} s)",
         f"batches     {len(batches)}" + (f" ({', '.join(str(b['batch']) for b in batches)})" if batches else ""),
         *([f"waiting     {summary['waiting']}  (changed too recently: a later run takes them)"]

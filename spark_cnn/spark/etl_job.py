@@ -12,6 +12,10 @@ readers) and renamed into place; then the checkpoint marks N done. A killed run'
 same files, and the replay replaces `batch=N` whole. So every file is in exactly one batch directory, and OUTPUT
 is plain Parquet that any reader can read (hidden `.`/`_` entries are skipped, `batch` is a partition column).
 
+A batch that fails (a model that raises on one image) fails the run and is replayed first by the next; once it
+has failed `etl_isolate.MAX_BATCH_ATTEMPTS` times, its halves run on their own, recursively, and each file that
+fails alone becomes an error row (the summary's `isolated`), so new files are never held back for good.
+
 Local files are read by the tasks (LOCAL_FILES, under the --max-file-bytes guard), so a file that cannot be read,
 was deleted after the listing, or is too large is a row with its error, never a failed batch. Files on other
 filesystems are read by Spark (binaryFile, missing and unreadable files skipped); each planned file without a
@@ -31,6 +35,7 @@ from spark_cnn.config import EtlConfig
 from spark_cnn.errors import InputError
 from spark_cnn.formats.encodings import ENCODED, LOCAL_FILES
 from spark_cnn.spark.classify_job import SUMMARY_FILE
+from spark_cnn.spark.etl_isolate import run_batch
 from spark_cnn.spark.etl_listing import ListedFile, gone, list_input, micro_batches, settled
 from spark_cnn.spark.etl_log import EtlLog
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, task_error
@@ -74,6 +79,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)
         started = time.perf_counter()
         log = EtlLog(fs, checkpoint_uri)
+        log.claim_input(input_uri)  # its paths are spelled as INPUT is: another spelling would take all again
         in_tasks = input_path is not None or storage is not None
         # The frame's contents do not matter to planning: only the encoding and storage (no labels, as before).
         encoding = LOCAL_FILES if in_tasks else ENCODED
@@ -84,9 +90,8 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         writer = MicroBatchWriter(spark, fs, plan, stats, output_uri, in_tasks=in_tasks)
 
         pending = log.pending_batch()
-        if pending is not None:  # a killed run's batch: the same files again, replacing its output
-            writer.write(*pending)
-            log.commit(pending[0])
+        if pending is not None:  # a killed or failed run's batch: the same files again, replacing its output
+            run_batch(log, writer, *pending, replay=True)
         listing = list_input(spark, input_uri, job.inputs.glob, storage)
         now_ms = int(time.time() * 1000)
         log.forget_gone(gone(log.taken, listing, job.inputs.glob), now_ms)
@@ -95,9 +100,7 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         log.set_waiting(waiting)
         for files in micro_batches(ready, max_files=config.max_files_per_trigger,
                                    max_bytes=config.max_bytes_per_trigger):
-            batch_id = log.plan(files)
-            writer.write(batch_id, files)
-            log.commit(batch_id)
+            run_batch(log, writer, log.plan(files), files, replay=False)
         log.compact()  # once this run's batches are committed, so it folds them in too
         elapsed = time.perf_counter() - started
 
@@ -122,35 +125,90 @@ class MicroBatchWriter:
         self.output_uri = output_uri.rstrip("/")
         endpoint = plan.endpoint
         self.schema = output_schema(**layout_of(endpoint))
-        self.batches: list[dict] = []  # {batch, images, errors, elapsed_s}, this run's
+        self.batches: list[dict] = []  # {batch, images, errors, elapsed_s[, isolated]}, this run's
+        self._started: dict[int, float] = {}  # batch -> when its attempt began (perf_counter)
+        self._parts: dict[int, tuple[int, int]] = {}  # batch -> (rows, error rows) written so far
 
     def write(self, batch_id: int, files: list[ListedFile]) -> None:
-        started = time.perf_counter()
-        target = f"{self.output_uri}/{BATCH_COLUMN}={batch_id}"
+        """The whole batch in one Spark job."""
+        self.begin(batch_id)
+        staging = self._staging(batch_id)
+        self._parts[batch_id] = self._rows(files, staging)
+        self._publish(batch_id, files, staging, [])
+
+    # A batch that keeps failing (`etl_isolate.run_batch`): `begin`, `write_part` per group of its files, `finish`.
+
+    def begin(self, batch_id: int) -> None:
+        self._started[batch_id] = time.perf_counter()
+        self._parts[batch_id] = (0, 0)
+        self.fs.delete(self._staging(batch_id))  # a killed attempt's leftovers
+
+    def write_part(self, batch_id: int, files: list[ListedFile]) -> None:
+        """Some of the batch's files in a Spark job of their own, added to its staging folder once all their
+        rows are written (a failed job adds nothing); raises when the job fails."""
+        staging = self._staging(batch_id)
+        part = f"{staging}.part"
+        self.fs.delete(part)
+        try:
+            written, failed = self._rows(files, part)
+            if written != len(files):
+                raise RuntimeError(f"a part of micro-batch {batch_id} wrote {written} rows for {len(files)} files")
+        except BaseException:
+            self.fs.delete(part)
+            raise
+        if self.fs.exists(staging):  # each job names its files uniquely (part-N-<job uuid>): no clash
+            for name in self.fs.list_names(part):
+                if not name.startswith(("_", ".")):  # Hadoop moves a file's checksum file with it
+                    self.fs.rename(f"{part}/{name}", f"{staging}/{name}")
+            self.fs.delete(part)
+        else:
+            self.fs.rename(part, staging)
+        done, errors = self._parts[batch_id]
+        self._parts[batch_id] = (done + written, errors + failed)
+
+    def finish(self, batch_id: int, files: list[ListedFile], errors: list[tuple[str, str]]) -> None:
+        """Publish the parts written, with an error row for each file in `errors` (path, error)."""
+        staging = self._staging(batch_id)
+        if errors:
+            self._append(self._error_rows(errors), staging)
+            done, failed = self._parts[batch_id]
+            self._parts[batch_id] = (done + len(errors), failed + len(errors))
+        self._publish(batch_id, files, staging, [path for path, _ in errors])
+
+    def _staging(self, batch_id: int) -> str:
         # Under `_staging`, which readers of OUTPUT skip; the batch's own folder name stays readable for the count.
-        staging = f"{self.output_uri}/{STAGING}/{BATCH_COLUMN}={batch_id}"
-        self.fs.delete(staging)  # a killed attempt's leftovers
+        return f"{self.output_uri}/{STAGING}/{BATCH_COLUMN}={batch_id}"
+
+    def _rows(self, files: list[ListedFile], uri: str) -> tuple[int, int]:
+        """One row per file of `files` written to the new folder `uri`: (rows, error rows)."""
         counts = OutputCounts(self.spark)
-        self._classify(self._images(files), staging, counts)
+        self._classify(self._images(files), uri, counts)
         if self.in_tasks and counts.observing:  # the tasks wrote one row per file they were given (place_rows)
             totals = counts.totals()
             written, failed, unread = totals["images"], totals["images"] - totals["ok"], []
         else:  # read by Spark (other filesystems): what its scan skipped still gets its row
-            rows = self.spark.read.parquet(staging).select("path", F.col("error").isNotNull().alias("failed"))
+            rows = self.spark.read.parquet(uri).select("path", F.col("error").isNotNull().alias("failed"))
             rows = rows.collect()
             written, failed = len(rows), sum(row.failed for row in rows)
             unread = sorted({f.path for f in files} - {row.path for row in rows})
         if unread:
             sizes = {f.path: f.size for f in files}
             self._append(self._error_rows([(p, unread_error(sizes[p], self.plan.decode_options.max_file_bytes))
-                                           for p in unread]), staging)
-        if written + len(unread) != len(files):
-            raise RuntimeError(f"micro-batch {batch_id} wrote {written + len(unread)} rows for {len(files)} "
+                                           for p in unread]), uri)
+        return written + len(unread), failed + len(unread)
+
+    def _publish(self, batch_id: int, files: list[ListedFile], staging: str, isolated: list[str]) -> None:
+        written, failed = self._parts.pop(batch_id)
+        if written != len(files):
+            raise RuntimeError(f"micro-batch {batch_id} wrote {written} rows for {len(files)} "
                                "files; nothing was committed, so the next run redoes it")
+        target = f"{self.output_uri}/{BATCH_COLUMN}={batch_id}"
         self.fs.delete(target)  # an earlier attempt at this batch, killed before the checkpoint marked it done
         self.fs.rename(staging, target)
-        self.batches.append({"batch": batch_id, "images": len(files), "errors": failed + len(unread),
-                             "elapsed_s": round(time.perf_counter() - started, 3)})
+        started = self._started.pop(batch_id)
+        self.batches.append({"batch": batch_id, "images": len(files), "errors": failed,
+                             "elapsed_s": round(time.perf_counter() - started, 3),
+                             **({"isolated": isolated} if isolated else {})})
 
     def _images(self, files: list[ListedFile]) -> DataFrame:
         """(path, content[, size]): no content for files the tasks read (packed as classify packs a listing);
@@ -199,6 +257,7 @@ def run_summary(batches: list[dict], elapsed: float, batch_size: int | None, sid
     """What one run did: new images, errors, rate, micro-batches, sidecars."""
     images = sum(b["images"] for b in batches)
     errors = sum(b["errors"] for b in batches)
+    isolated = [path for b in batches for path in b.get("isolated", [])]
     sizes = sorted({s.get("batch_size") for s in sidecars if s.get("batch_size")})
     return {
         "images": images, "ok": images - errors, "errors": errors,
@@ -206,5 +265,6 @@ def run_summary(batches: list[dict], elapsed: float, batch_size: int | None, sid
         "batch_size": sizes[-1] if sizes else batch_size,
         "accuracy": None,
         "micro_batches": batches,
+        "isolated": isolated,  # files whose micro-batch kept failing and that failed alone: error rows
         "sidecars": sorted(sidecars, key=lambda s: (s["host"], str(s["executor"]))),
     }

@@ -6,12 +6,20 @@ Layout under CHECKPOINT (any Hadoop URI):
   done/N             written once OUTPUT/batch=N is in place
   waiting.json       files seen but not settled yet, with when they were first seen unchanged
   absent.json        taken files missing from the latest listings, with when they were first missed
+  forgotten.json     files forgotten since the compact file was written, with the last batch planned then
+  attempts.json      how many times the last planned batch has been tried (`etl_isolate`)
+  input.json         the INPUT this checkpoint belongs to, as its first run spelled it
+
+Every file but `done/N` is written under a hidden temporary name and renamed into place, so a kill leaves the
+old file or the new one, never half of one; a torn file all the same (an earlier version's, a disk's) is read as
+incomplete, with a warning, never as an error.
 
 A batch file without its `end` line was cut short by a kill before its batch could start: it is dropped and
 its files are planned again. A planned batch without `done/N` is replayed with the same files. The set of
 taken files (all batches) is held in memory. It stays the size of what INPUT holds, not of every file ever
 taken: a taken file that no listing has found for FORGET_AFTER_MS is forgotten (Spark's file source forgets
-files older than its `maxFileAge` window the same way, but by modification time). The batch files are folded
+files older than its `maxFileAge` window the same way, but by modification time), and stays forgotten from
+then on (`forgotten.json`), so a file that later appears under its path is new. The batch files are folded
 into one compact file once they are many or hold more entries than it does, and it is rewritten once half of
 its entries are forgotten, so what a run reads at its start stays within about twice what INPUT holds, however
 many runs came before.
@@ -23,13 +31,20 @@ read once: its committed files become a compacted batch, its logged but uncommit
 from __future__ import annotations
 
 import json
+import logging
 from urllib.parse import unquote, urlparse
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.spark.etl_listing import ListedFile, Waiting
+from spark_cnn.spark.locations import location
 from spark_cnn.spark.storage import HadoopFS
 
 BATCHES, DONE, WAITING, ABSENT = "batches", "done", "waiting.json", "absent.json"
+FORGOTTEN, ATTEMPTS, INPUT = "forgotten.json", "attempts.json", "input.json"
+TEMP_SUFFIX = ".tmp"  # `.NAME.tmp`: hidden, so no listing of the checkpoint takes it for a batch file
+# What reading a file cut short by a kill raises: Hadoop's checksummed local filesystem, or bytes that stop in
+# the middle of a character. Any other read error (a store out of reach) is not taken for a torn file.
+TORN_MARKERS = ("ChecksumException", "Checksum error")
 VERSION = "v1"
 COMPACT_EVERY = 100  # committed batch files beyond this many are folded into one `.compact` file
 # ... or, whatever their number, once they hold more entries than the compact file and at least this many: the
@@ -40,6 +55,8 @@ COMPACT_MIN_ENTRIES = 10_000
 # its files are never taken twice.
 FORGET_AFTER_MS = 7 * 24 * 3600 * 1000
 LEGACY_SOURCE_LOG, LEGACY_OFFSETS, LEGACY_COMMITS = "sources/0", "offsets", "commits"
+
+_log = logging.getLogger(__name__)
 
 
 class EtlLog:
@@ -54,31 +71,61 @@ class EtlLog:
         self._compacted = -1  # batches up to here live in one .compact file
         self._compact_entries = 0  # entries in that file
         self._batch_entries = 0  # entries in the batch files after it
-        self._forgotten = 0  # files forgotten since that file was written
+        # files forgotten since that file was written -> the last batch planned then: entries of that batch or
+        # earlier ones are not taken any more; a later batch that took the path again took a new file
+        self.forgotten: dict[str, int] = self._read_json(FORGOTTEN)
         self.absent: dict[str, int] = self._read_json(ABSENT)
         self._load()
 
     # ---- reading --------------------------------------------------------------------------------------------
 
     def _load(self) -> None:
-        names = self.fs.list_names(f"{self.root}/{BATCHES}")
+        names = self._names(BATCHES)
         compacts = sorted(int(n.split(".")[0]) for n in names if n.endswith(".compact") and n.split(".")[0].isdigit())
         for k in reversed(compacts):  # the newest complete one; an older one is kept until a newer one is whole
             paths = self._read_entries(f"{BATCHES}/{k}.compact")
             if paths is not None:
-                self.taken.update(entry["path"] for entry in paths)
+                self.taken.update(self._still_taken(paths, k))
                 self._compacted = self.last_batch = k
                 self._compact_entries = len(paths)
                 break
         for n in sorted(int(n) for n in names if n.isdigit()):
             entries = self._read_planned(n)
             if entries is None:  # cut short by a kill while it was written: its batch never started
-                self.fs.delete(f"{self.root}/{BATCHES}/{n}")
+                self._delete(f"{BATCHES}/{n}")
                 continue
-            self.taken.update(entry["path"] for entry in entries)
+            self.taken.update(self._still_taken(entries, n))
             self.last_batch = max(self.last_batch, n)
             if n > self._compacted:
                 self._batch_entries += len(entries)
+
+    def _still_taken(self, entries: list[dict], n: int) -> set[str]:
+        """The paths of a batch (or compact) file covering batches up to `n`, less those forgotten since."""
+        return {e["path"] for e in entries if self.forgotten.get(e["path"], -1) < n}
+
+    def _names(self, folder: str) -> list[str]:
+        """The entries of a checkpoint folder, with the name of each file whose rename into place a kill cut
+        short (only its temporary file is there: `_read_text` reads that)."""
+        names = self.fs.list_names(f"{self.root}/{folder}")
+        orphans = [n[1:-len(TEMP_SUFFIX)] for n in names if n.startswith(".") and n.endswith(TEMP_SUFFIX)]
+        return names + [n for n in orphans if n not in names]
+
+    def _read_text(self, name: str) -> str | None:
+        """A checkpoint file's text (its temporary file's when only that is there); None when neither is there,
+        or when a kill tore it (logged)."""
+        uri = f"{self.root}/{name}"
+        if not self.fs.exists(uri):
+            uri = temp_name(uri)
+            if not self.fs.exists(uri):
+                return None
+        try:
+            return self.fs.read_text(uri)
+        except Exception as e:
+            if not torn(e):
+                raise
+            _log.warning("spark-cnn: the checkpoint file %s is torn (a run was killed while writing it): read as "
+                         "incomplete (%s)", uri, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+            return None
 
     def _read_planned(self, n: int) -> list[dict] | None:
         """Batch n's entries; None when a kill cut its file short (only possible before its batch was done)."""
@@ -96,8 +143,12 @@ class EtlLog:
             return None
 
     def _read_entries(self, name: str) -> list[dict] | None:
-        """The entries of a batch or compact file; None when it lacks its end line (a kill while writing)."""
-        lines = [line for line in self.fs.read_text(f"{self.root}/{name}").splitlines() if line.strip()]
+        """The entries of a batch or compact file; None when it is torn or lacks its end line (a kill while
+        writing)."""
+        text = self._read_text(name)
+        if text is None:
+            return None
+        lines = [line for line in text.splitlines() if line.strip()]
         if len(lines) < 2 or lines[-1] != f"end {len(lines) - 2}":
             return None
         if lines[0] != VERSION:
@@ -122,11 +173,11 @@ class EtlLog:
     def _read_json(self, name: str) -> dict:
         """A small JSON file of the checkpoint; {} when missing or cut short by a kill (its files then wait, or
         are missed, from this run on)."""
-        uri = f"{self.root}/{name}"
-        if not self.fs.exists(uri):
+        text = self._read_text(name)
+        if text is None:
             return {}
         try:
-            value = json.loads(self.fs.read_text(uri))
+            value = json.loads(text)
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
@@ -151,14 +202,15 @@ class EtlLog:
         expired = {path for path, since in absent.items() if now_ms - since >= forget_after_ms}
         for path in expired:
             del absent[path]
+        if expired:  # before absent.json drops them: a kill between the two only forgets them a run early
+            self.forgotten.update({path: self.last_batch for path in expired})
+            self._write(FORGOTTEN, json.dumps(self.forgotten, separators=(",", ":")))
         self.taken -= expired
-        self._forgotten += len(expired)
         if absent != self.absent:
-            uri = f"{self.root}/{ABSENT}"
             if absent:
-                self.fs.write_text(uri, json.dumps(absent, separators=(",", ":")))
+                self._write(ABSENT, json.dumps(absent, separators=(",", ":")))
             else:
-                self.fs.delete(uri)
+                self._delete(ABSENT)
             self.absent = absent
         return len(expired)
 
@@ -166,18 +218,40 @@ class EtlLog:
         self.fs.write_text(f"{self.root}/{DONE}/{n}", "")
 
     def set_waiting(self, waiting: dict[str, Waiting]) -> None:
-        uri = f"{self.root}/{WAITING}"
         if waiting:
-            self.fs.write_text(uri, json.dumps({p: [w.size, w.mtime_ms, w.since_ms] for p, w in waiting.items()}))
+            self._write(WAITING, json.dumps({p: [w.size, w.mtime_ms, w.since_ms] for p, w in waiting.items()}))
         else:
-            self.fs.delete(uri)
+            self._delete(WAITING)
+
+    def attempts(self, n: int) -> int:
+        """How many times planned batch `n` has been started (a kill or a failure ended each one not done): its
+        batch file, written just before it first ran, counts as the first, so a batch that runs once costs no
+        write here."""
+        record = self._read_json(ATTEMPTS)
+        return int(record.get("attempts", 1)) if record.get("batch") == n else 1
+
+    def start_attempt(self, n: int) -> int:
+        """Record one more attempt at batch `n` before it runs (so a killed driver's attempt counts too);
+        returns how many there have been, this one included."""
+        attempts = self.attempts(n) + 1
+        self._write(ATTEMPTS, json.dumps({"batch": n, "attempts": attempts}))
+        return attempts
+
+    def claim_input(self, input_uri: str) -> None:
+        """Record `input_uri` as this checkpoint's INPUT on its first run (or its first since INPUT was
+        recorded); refuse any other spelling later: the taken files are the paths its listings spelled."""
+        recorded = self._read_json(INPUT).get("uri")
+        if recorded is None:
+            self._write(INPUT, json.dumps({"uri": input_uri, "location": list(location(input_uri))}))
+        elif recorded.rstrip("/") != input_uri.rstrip("/"):
+            raise ConfigError(input_mismatch(self.root, recorded, input_uri))
 
     def needs_compaction(self, batch_files: int) -> bool:
         """More than COMPACT_EVERY batch files; or batch files holding more entries than the compact file (and
         at least COMPACT_MIN_ENTRIES); or half of the compact file's entries forgotten."""
         return (batch_files > COMPACT_EVERY
                 or self._batch_entries >= max(COMPACT_MIN_ENTRIES, self._compact_entries)
-                or (self._forgotten > 0 and 2 * self._forgotten >= self._compact_entries))
+                or (self.forgotten and 2 * len(self.forgotten) >= self._compact_entries))
 
     def compact(self) -> None:
         """Fold the committed batches' files, less the forgotten ones, into one file when `needs_compaction`."""
@@ -188,17 +262,41 @@ class EtlLog:
         if k < 0:
             return
         self._write_entries(f"{BATCHES}/{k}.compact", [{"path": p} for p in sorted(self.taken)])
-        for name in names:  # only now that the compact file is whole
-            number = name.split(".")[0]
+        for name in names:  # only now that the compact file is whole (and temporary files a kill left)
+            temp = name.startswith(".") and name.endswith(TEMP_SUFFIX)
+            number = (name[1:] if temp else name).split(".")[0]
             if number.isdigit() and int(number) <= k and name != f"{k}.compact":
                 self.fs.delete(f"{self.root}/{BATCHES}/{name}")
                 self.fs.delete(f"{self.root}/{DONE}/{number}")
+        if self.forgotten:  # the compact file leaves them out
+            self._delete(FORGOTTEN)
+            self.forgotten = {}
         self._compacted = k
-        self._compact_entries, self._batch_entries, self._forgotten = len(self.taken), 0, 0
+        self._compact_entries, self._batch_entries = len(self.taken), 0
 
     def _write_entries(self, name: str, entries: list[dict]) -> None:
         lines = [VERSION, *(json.dumps(e, separators=(",", ":")) for e in entries), f"end {len(entries)}"]
-        self.fs.write_text(f"{self.root}/{name}", "\n".join(lines) + "\n")
+        self._write(name, "\n".join(lines) + "\n")
+
+    def _write(self, name: str, text: str) -> None:
+        """Write a checkpoint file whole or not at all: into its temporary file, renamed over the old one."""
+        uri = f"{self.root}/{name}"
+        temp = temp_name(uri)
+        self.fs.write_text(temp, text)
+        try:
+            self.fs.rename(temp, uri)
+        except Exception:
+            if not self.fs.exists(uri):
+                raise
+            # A filesystem that renames onto no existing file (HDFS): free the name first. Until the rename,
+            # readers take the temporary file, whole by now, for it (`_names`, `_read_text`).
+            self.fs.delete(uri)
+            self.fs.rename(temp, uri)
+
+    def _delete(self, name: str) -> None:
+        uri = f"{self.root}/{name}"
+        self.fs.delete(uri)
+        self.fs.delete(temp_name(uri))
 
     # ---- the Structured Streaming checkpoint of earlier versions ----------------------------------------------
 
@@ -225,6 +323,27 @@ class EtlLog:
 
     def _legacy_offset(self, batch_id: int) -> int:
         return source_offset(self.fs.read_text(f"{self.root}/{LEGACY_OFFSETS}/{batch_id}"))
+
+
+def temp_name(uri: str) -> str:
+    """Where a checkpoint file is written before it is renamed to `uri`: beside it, hidden."""
+    folder, _, name = uri.rpartition("/")
+    return f"{folder}/.{name}{TEMP_SUFFIX}"
+
+
+def torn(error: Exception) -> bool:
+    """Whether reading a file failed because a kill cut it short (not because its filesystem failed)."""
+    return isinstance(error, UnicodeDecodeError) or any(marker in str(error) for marker in TORN_MARKERS)
+
+
+def input_mismatch(checkpoint: str, recorded: str, given: str) -> str:
+    """One line for a run whose INPUT is not the one its checkpoint recorded."""
+    if location(recorded) == location(given):
+        return (f"checkpoint {checkpoint} belongs to INPUT {recorded}; {given} is the same folder spelled another "
+                f"way, which would take every file again (the checkpoint knows files by their paths): run with "
+                f"INPUT {recorded}")
+    return (f"checkpoint {checkpoint} belongs to INPUT {recorded}, not {given}: run with INPUT {recorded}, or give "
+            f"{given} a checkpoint (and OUTPUT) of its own")
 
 
 def source_offset(text: str) -> int:

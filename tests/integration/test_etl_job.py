@@ -20,7 +20,9 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark import etl_log
+from spark_cnn.spark.etl_isolate import MAX_BATCH_ATTEMPTS
 from spark_cnn.spark.etl_job import STAGING, MicroBatchWriter, run_etl
+from tests.etl_doubles import FAILS_ON_RED_FACTORY, FAILS_ON_RED_MESSAGE
 from tests.sample_images import broken_files, write_files
 
 pytestmark = pytest.mark.spark
@@ -260,3 +262,33 @@ def test_a_structured_streaming_checkpoint_of_an_earlier_version_is_carried_on(s
     rows = _rows_by_path(output)
     assert sorted(rows) == sorted(replayed + new) and all(len(r) == 1 for r in rows.values())
     assert _etl(spark, demo_assets, source, output, checkpoint)["images"] == 0
+
+
+# ---- a micro-batch the model always fails on: isolated after MAX_BATCH_ATTEMPTS, and new files go on -----------
+
+def test_a_batch_the_model_always_fails_is_bisected_into_an_error_row_and_new_files_go_on(spark, demo_assets,
+                                                                                         tmp_path):
+    source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    good = _copy_digits(demo_assets, source, ["5"], 0, 3)
+    red = os.path.join(source, "5", "red.png")
+    Image.fromarray(np.full((32, 32, 3), (255, 0, 0), np.uint8)).save(red)
+    def run():
+        options = InferenceOptions(ModelSpec(FAILS_ON_RED_FACTORY, demo_assets.weights), labels=demo_assets.labels)
+        config = EtlConfig(ClassifyConfig(source, output, options, quiet=True), checkpoint=checkpoint,
+                           max_files_per_trigger=8, settle_s=0)
+        return run_etl(config, spark=spark)
+
+    for _ in range(MAX_BATCH_ATTEMPTS - 1):  # the batch fails the run, and the next run replays it first
+        with pytest.raises(Exception, match=FAILS_ON_RED_MESSAGE):
+            run()
+    more = _copy_digits(demo_assets, source, ["6"], 0, 2)
+    summary = run()
+    assert summary["isolated"] == ["file:" + red] and summary["errors"] == 1
+    assert [b["batch"] for b in summary["micro_batches"]] == [0, 1]  # the replayed batch, then the new files
+    rows = _rows_by_path(output)
+    assert sorted(rows) == sorted(good + [red] + more) and all(len(r) == 1 for r in rows.values())
+    assert rows[red][0]["error"].startswith(f"isolated: its micro-batch failed {MAX_BATCH_ATTEMPTS} times")
+    assert FAILS_ON_RED_MESSAGE in rows[red][0]["error"]
+    assert all(rows[p][0]["error"] is None for p in good + more)
+    assert not os.listdir(os.path.join(output, STAGING))
+    assert run()["images"] == 0

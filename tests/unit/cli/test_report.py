@@ -57,3 +57,9 @@ def test_a_sidecar_whose_batches_disagreed_with_the_profile_says_so_after_the_ta
     lines = classify.sidecar_table([{**SIDECARS[0], "prediction": {**check.summary(), "action": "marked stale"}},
                                     agreeing])
     assert len(lines) == 4 and lines[-1].startswith("  executor 0: batches ran 1.9") and "marked stale" in lines[-1]
+
+
+def test_etl_report_counts_the_isolated_files_only_when_there_are_some():
+    summary = {**SUMMARY, "micro_batches": [{"batch": 4}], "checkpoint": "file:///data/ck"}
+    assert "isolated" not in etl.report({**summary, "isolated": []})
+    assert _field(etl.report({**summary, "isolated": ["file:/in/bad.png"]}), "isolated").startswith("1  (")
