@@ -20,7 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging import fastjpeg, tiff
-from spark_cnn.imaging.limits import DEFAULT_DECODE, IMAGE_FORMATS, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, IMAGE_FORMATS, MAX_BYTES_PER_PIXEL, DecodeOptions
 from spark_cnn.imaging.modes import to_rgb
 
 EXIF_ORIENTATION = 0x0112
@@ -221,16 +221,28 @@ def _orientation(image: Image.Image) -> int:
 
 def _decode_tiff_fallback(data: bytes, options: DecodeOptions) -> Image.Image:
     try:
-        width, height = tiff.first_page_size(data)
+        header = tiff.first_page_header(data)
     except Exception as e:
         raise ImageError(f"cannot decode image: TIFF header unreadable: {type(e).__name__}: {e}") from e
-    check_pixels(width, height, options)
+    check_pixels(header.width, header.height, options)
+    check_tiff_samples(header, options)
     try:
         return Image.fromarray(tiff.first_page_rgb(data))
     except ImageError:
         raise
     except Exception as e:
         raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+def check_tiff_samples(header: tiff.PageHeader, options: DecodeOptions = DEFAULT_DECODE) -> None:
+    """Refuse a TIFF page whose samples would take more memory decoded than --max-pixels allows any image
+    (limits.MAX_BYTES_PER_PIXEL), from its header: many samples a pixel or 64-bit samples pass check_pixels."""
+    budget = options.max_pixels * MAX_BYTES_PER_PIXEL
+    if header.decoded_bytes > budget:
+        raise ImageError(f"image too large: TIFF page of shape {header.shape} ({header.dtype} samples, chunks of "
+                         f"{header.chunk_shape}) takes {header.decoded_bytes} bytes to decode, more than "
+                         f"--max-pixels {options.max_pixels} x {MAX_BYTES_PER_PIXEL} bytes; raise --max-pixels or "
+                         "convert it to 8-bit RGB")
 
 
 @contextlib.contextmanager
