@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import warnings
 
 from PIL import Image, UnidentifiedImageError
@@ -135,16 +136,60 @@ def check_size(size: int, options: DecodeOptions = DEFAULT_DECODE) -> None:
 
 
 def read_image_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes:
-    """The bytes of a local image file; an empty, oversized (checked before reading) or unreadable file
-    raises ImageError, so it costs its row only."""
+    """The bytes of a local image file; an empty, oversized (checked before reading), unreadable or not regular
+    file (a FIFO, a device, a socket, or a link to one) raises ImageError, so it costs its row only.
+
+    Links to regular files are read: users list them on purpose. The link is resolved first and the target
+    opened with O_NOFOLLOW | O_NONBLOCK, then `fstat` must show a regular file: a FIFO never blocks the open, a
+    device (`/dev/zero`) is never read, and a target swapped for a link after resolving is refused. At most
+    `options.max_file_bytes` + 1 bytes are read, so a file that grows while read costs no more than that.
+    """
     try:
-        with open(path, "rb") as f:
-            check_size(os.fstat(f.fileno()).st_size, options)  # before reading a file too large to read
-            data = f.read()
+        data = _read_regular_file(path, options)
     except OSError as e:
         raise ImageError(f"cannot read file: {type(e).__name__}: {e.strerror or e}") from e
     check_file_size(data, options)
     return data
+
+
+# Read size after the first read (which asks for the size `fstat` gave, + 1 to see the end of the file).
+READ_CHUNK_BYTES = 1 << 20
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def _read_regular_file(path: str, options: DecodeOptions) -> bytes:
+    target = os.path.realpath(path)
+    _require_regular(os.stat(target).st_mode, path, target)  # a device or FIFO is not even opened
+    fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        _require_regular(info.st_mode, path, target)  # swapped since the stat
+        check_size(info.st_size, options)  # before reading a file too large to read
+        os.set_blocking(fd, True)  # a regular file: a slow disk or network mount waits, it does not fail
+        limit = options.max_file_bytes
+        chunks, total, want = [], 0, min(info.st_size, limit) + 1
+        while total <= limit:
+            chunk = os.read(fd, min(want, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            want = READ_CHUNK_BYTES
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise ImageError(f"file too large: it grew past --max-file-bytes {limit} while it was read")
+    return b"".join(chunks)
+
+
+def _require_regular(mode: int, path: str, target: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in FILE_KINDS if test(mode)), f"of type {stat.S_IFMT(mode):o}")
+    where = "" if target == os.path.abspath(path) else f" (a link to {target})"
+    raise ImageError(f"not a regular file{where}: it is {kind}; only regular files are read as images (list "
+                     "the image files themselves)")
 
 
 def check_pixels(width: int, height: int, options: DecodeOptions = DEFAULT_DECODE) -> None:
