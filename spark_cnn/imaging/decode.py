@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import stat
 import warnings
 
 from PIL import Image, UnidentifiedImageError
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging import fastjpeg, tiff
-from spark_cnn.imaging.limits import DEFAULT_DECODE, IMAGE_FORMATS, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, IMAGE_FORMATS, MAX_BYTES_PER_PIXEL, DecodeOptions
 from spark_cnn.imaging.modes import to_rgb
 
 EXIF_ORIENTATION = 0x0112
@@ -135,16 +136,60 @@ def check_size(size: int, options: DecodeOptions = DEFAULT_DECODE) -> None:
 
 
 def read_image_file(path: str, options: DecodeOptions = DEFAULT_DECODE) -> bytes:
-    """The bytes of a local image file; an empty, oversized (checked before reading) or unreadable file
-    raises ImageError, so it costs its row only."""
+    """The bytes of a local image file; an empty, oversized (checked before reading), unreadable or not regular
+    file (a FIFO, a device, a socket, or a link to one) raises ImageError, so it costs its row only.
+
+    Links to regular files are read: users list them on purpose. The link is resolved first and the target
+    opened with O_NOFOLLOW | O_NONBLOCK, then `fstat` must show a regular file: a FIFO never blocks the open, a
+    device (`/dev/zero`) is never read, and a target swapped for a link after resolving is refused. At most
+    `options.max_file_bytes` + 1 bytes are read, so a file that grows while read costs no more than that.
+    """
     try:
-        with open(path, "rb") as f:
-            check_size(os.fstat(f.fileno()).st_size, options)  # before reading a file too large to read
-            data = f.read()
+        data = _read_regular_file(path, options)
     except OSError as e:
         raise ImageError(f"cannot read file: {type(e).__name__}: {e.strerror or e}") from e
     check_file_size(data, options)
     return data
+
+
+# Read size after the first read (which asks for the size `fstat` gave, + 1 to see the end of the file).
+READ_CHUNK_BYTES = 1 << 20
+FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def _read_regular_file(path: str, options: DecodeOptions) -> bytes:
+    target = os.path.realpath(path)
+    _require_regular(os.stat(target).st_mode, path, target)  # a device or FIFO is not even opened
+    fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        _require_regular(info.st_mode, path, target)  # swapped since the stat
+        check_size(info.st_size, options)  # before reading a file too large to read
+        os.set_blocking(fd, True)  # a regular file: a slow disk or network mount waits, it does not fail
+        limit = options.max_file_bytes
+        chunks, total, want = [], 0, min(info.st_size, limit) + 1
+        while total <= limit:
+            chunk = os.read(fd, min(want, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            want = READ_CHUNK_BYTES
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise ImageError(f"file too large: it grew past --max-file-bytes {limit} while it was read")
+    return b"".join(chunks)
+
+
+def _require_regular(mode: int, path: str, target: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in FILE_KINDS if test(mode)), f"of type {stat.S_IFMT(mode):o}")
+    where = "" if target == os.path.abspath(path) else f" (a link to {target})"
+    raise ImageError(f"not a regular file{where}: it is {kind}; only regular files are read as images (list "
+                     "the image files themselves)")
 
 
 def check_pixels(width: int, height: int, options: DecodeOptions = DEFAULT_DECODE) -> None:
@@ -221,16 +266,28 @@ def _orientation(image: Image.Image) -> int:
 
 def _decode_tiff_fallback(data: bytes, options: DecodeOptions) -> Image.Image:
     try:
-        width, height = tiff.first_page_size(data)
+        header = tiff.first_page_header(data)
     except Exception as e:
         raise ImageError(f"cannot decode image: TIFF header unreadable: {type(e).__name__}: {e}") from e
-    check_pixels(width, height, options)
+    check_pixels(header.width, header.height, options)
+    check_tiff_samples(header, options)
     try:
         return Image.fromarray(tiff.first_page_rgb(data))
     except ImageError:
         raise
     except Exception as e:
         raise ImageError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+def check_tiff_samples(header: tiff.PageHeader, options: DecodeOptions = DEFAULT_DECODE) -> None:
+    """Refuse a TIFF page whose samples would take more memory decoded than --max-pixels allows any image
+    (limits.MAX_BYTES_PER_PIXEL), from its header: many samples a pixel or 64-bit samples pass check_pixels."""
+    budget = options.max_pixels * MAX_BYTES_PER_PIXEL
+    if header.decoded_bytes > budget:
+        raise ImageError(f"image too large: TIFF page of shape {header.shape} ({header.dtype} samples, chunks of "
+                         f"{header.chunk_shape}) takes {header.decoded_bytes} bytes to decode, more than "
+                         f"--max-pixels {options.max_pixels} x {MAX_BYTES_PER_PIXEL} bytes; raise --max-pixels or "
+                         "convert it to 8-bit RGB")
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@
 The limits protect the processes that decode (Spark tasks and the sidecar): a file is refused with an
 ImageError, which becomes that row's `error`, instead of exhausting memory or reaching a decoder outside
 IMAGE_FORMATS. `--max-file-bytes` is checked
-before any parsing, `--max-pixels` on the image header, before a single pixel is decoded.
+before any parsing, `--max-pixels` on the image header, before a single pixel is decoded; for a TIFF that
+tifffile decodes, also the bytes of its samples (`MAX_BYTES_PER_PIXEL`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from spark_cnn.errors import ConfigError
 # quarter GiB of 8-bit RGB. Keeping our default at Pillow's warning threshold bounds one decoded image to
 # 256 MiB per decoding process and keeps Pillow quiet on every image we accept.
 DEFAULT_MAX_PIXELS = 89_478_485
+# Pillow holds every mode it decodes in at most 4 bytes a pixel (RGBA, I, F), so --max-pixels bounds its memory
+# to 4 bytes a pixel. TIFFs tifffile decodes get the same budget, whatever their samples: 40 samples a pixel or
+# float64 pass the width x height check but would take 40 or 8 bytes a pixel. Such a page is refused from its
+# header; float64 RGB (24 bytes a pixel) decodes up to a sixth of --max-pixels.
+MAX_BYTES_PER_PIXEL = 4
 # 64 MiB: well above compressed photos of up to the pixel limit; sixteen such files (one sidecar request of
 # DEFAULT_REQUEST_ROWS) still fit the protocol's 1 GiB message. Uncompressed TIFFs near the pixel limit
 # need it raised.
@@ -44,7 +50,8 @@ def pillow_pixel_ceiling() -> int | None:
 class DecodeOptions:
     """Guard rails and decoder choices, the same in Spark tasks and in the sidecar.
 
-    max_pixels: images with more pixels (width x height, from the header) are refused before decoding.
+    max_pixels: images with more pixels (width x height, from the header) are refused before decoding, and so
+    are TIFFs whose samples would take more than max_pixels x MAX_BYTES_PER_PIXEL bytes decoded.
     max_file_bytes: larger files are refused before they are parsed.
     reduced_dct: decode JPEGs at 1/2, 1/4 or 1/8 scale when the shorter side stays >= dct_headroom x the
     resize target.

@@ -1,7 +1,9 @@
 """TIFFs Pillow cannot read (float samples, planar RGB, 64-bit data: common in science and in scikit-image's
 own test data), read with tifffile when it is installed (the `tiff` extra; scikit-image depends on it).
 
-Only the first page is decoded; its size is checked against the pixel limit from the header first.
+Only the first page is decoded. Its header is checked first (`first_page_header`): width x height against the
+pixel limit, and the bytes tifffile would allocate for its samples (every axis, samples per pixel included, times
+the sample type's size, plus one chunk's buffer) against the memory budget of that limit (limits.MAX_BYTES_PER_PIXEL).
 Samples become 8 bit as imaging.modes does for Pillow images: unsigned 16-bit integers scaled by 255/65535,
 floats taken as [0, 1] intensities.
 """
@@ -9,6 +11,8 @@ floats taken as [0, 1] intensities.
 from __future__ import annotations
 
 import io
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,11 +34,32 @@ def available() -> bool:
     return tifffile is not None
 
 
-def first_page_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of the first page, from its tags alone."""
+@dataclass(frozen=True)
+class PageHeader:
+    """What the first page's tags say it decodes to, before any sample is decoded."""
+
+    width: int
+    height: int
+    shape: tuple[int, ...]  # every axis of the page (depth, samples per pixel, planes), as asarray returns it
+    chunk_shape: tuple[int, ...]  # one strip or tile as tifffile decodes it (a tile may exceed the page)
+    dtype: str | None  # None: a sample format tifffile cannot decode
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes `first_page_rgb` allocates for the samples: the page, plus one chunk in flight (it decodes one
+        chunk at a time); 0 when the sample type is unknown (the decode then fails without allocating)."""
+        if self.dtype is None:
+            return 0
+        return (math.prod(self.shape) + math.prod(self.chunk_shape)) * np.dtype(self.dtype).itemsize
+
+
+def first_page_header(data: bytes) -> PageHeader:
+    """The first page's size and layout, from its tags alone."""
     with tifffile.TiffFile(io.BytesIO(data)) as tif:
         page = tif.pages[0]
-        return int(page.imagewidth), int(page.imagelength)
+        dtype = None if page.dtype is None else np.dtype(page.dtype).name
+        return PageHeader(int(page.imagewidth), int(page.imagelength), tuple(int(n) for n in page.shape),
+                          tuple(int(n) for n in page.chunks), dtype)
 
 
 def first_page_rgb(data: bytes) -> np.ndarray:
@@ -43,7 +68,7 @@ def first_page_rgb(data: bytes) -> np.ndarray:
 
     with tifffile.TiffFile(io.BytesIO(data)) as tif:
         page = tif.pages[0]
-        samples = page.asarray()
+        samples = page.asarray(maxworkers=1)  # one chunk buffer at a time, as PageHeader.decoded_bytes counts
         axes = page.axes
     if "S" in axes and axes.index("S") < axes.index("Y"):  # planar: samples first
         samples = np.moveaxis(samples, axes.index("S"), -1)

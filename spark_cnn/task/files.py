@@ -1,6 +1,7 @@
 """Image files a task reads itself: the driver listed them (encoding LOCAL_FILES) but did not read their bytes.
 
-Local (or shared-mount) files are read with `open`; objects in S3, GCS, Azure or HDFS through `pyarrow.fs`
+Local (or shared-mount) files are read by `imaging.decode.read_image_file` (regular files only: a FIFO or a
+link to a device is an error row, not a hang); objects in S3, GCS, Azure or HDFS through `pyarrow.fs`
 (`object_store.py`), with the options the driver shipped in the plan. A size from the listing refuses an
 object over --max-file-bytes without a request; `prefetched` keeps several reads in flight, since an object
 store's latency per request, not its bandwidth, bounds one reader of small images.

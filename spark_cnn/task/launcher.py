@@ -1,19 +1,20 @@
 """Find or start this executor's sidecar. Runs inside Spark tasks: no torch here.
 
-All sidecar files live in one runtime directory owned by the user, mode 0700: `<name>.sock` (the socket),
+All sidecar files live in one runtime directory owned by the user, mode 0700 (task/rundir.py says which, and
+sweeps out what dead sidecars left there): `<name>.sock` (the socket),
 `<name>.json` (pid, device, token; 0600), `<name>.lock` (decides which task starts it) and `<name>.log`.
 `<name>` is derived from (application, executor JVM, device), so the tasks of one executor share a sidecar and
 different executors, applications and devices never do.
 
 Nothing in that directory is trusted unless it is private: the directory must be a real directory (not a
 symlink) of this user's with no group or other bits, and an info file a regular file of this user's naming the
-socket beside it. An existing directory open to others is refused, never fixed: while it was open another user
-could have placed files in it (a symlink named like a log or lock), which closing it would not remove.
+socket beside it. An existing directory open to others is never used nor fixed: while it was open another user
+could have placed files in it (a symlink named like a log or lock), which closing it would not remove. A
+configured one is refused; the default one is passed over for a private fallback (rundir.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
@@ -24,7 +25,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -33,11 +33,13 @@ from dataclasses import dataclass
 from spark_cnn.errors import SidecarError, SidecarLost
 from spark_cnn.task import procs
 from spark_cnn.task.procs import ExecutorProcess, ProcessId, cmdline, find_executor_jvm, is_alive
+from spark_cnn.task.rundir import RUNTIME_DIR_ENV as RUNTIME_DIR_ENV  # re-exported: the launcher's contract
+from spark_cnn.task.rundir import check_private_dir as check_private_dir
+from spark_cnn.task.rundir import runtime_dir, sweep_runtime_dir
 from spark_cnn.task.sidecar_env import sidecar_environment
 
 log = logging.getLogger("spark_cnn.launcher")
 
-RUNTIME_DIR_ENV = "SPARK_CNN_RUNTIME_DIR"
 # Importing torch and loading a large model on a busy host can take a minute; beyond three something is wrong.
 START_TIMEOUT_S = 180.0
 POLL_INTERVAL_S = 0.05
@@ -89,33 +91,6 @@ class LaunchOptions:
     device: str = "auto"
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     threads: int | None = None  # torch CPU threads in the sidecar; None: torch's default
-
-
-def runtime_dir() -> str:
-    """The user's private directory for sidecar sockets and files, created 0700 if missing (the umask can only
-    narrow that); raises SidecarError, saying what to do, when it is not private (`check_private_dir`)."""
-    path = os.environ.get(RUNTIME_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"spark_cnn-{os.getuid()}")
-    path = os.path.abspath(path)  # the info file names its socket by this path: the same from any cwd
-    with contextlib.suppress(FileExistsError):  # whatever is there is checked next
-        os.makedirs(path, mode=0o700)
-    check_private_dir(path)
-    return path
-
-
-def check_private_dir(path: str) -> None:
-    """Raise SidecarError unless `path` is a directory (not a symlink) owned by this user, with no group or
-    other permission bits."""
-    st = os.lstat(path)
-    fix = f"remove it or set {RUNTIME_DIR_ENV} to a private directory"
-    if stat.S_ISLNK(st.st_mode):
-        raise SidecarError(f"sidecar directory {path} is a symbolic link; {fix}")
-    if not stat.S_ISDIR(st.st_mode):
-        raise SidecarError(f"sidecar directory {path} is not a directory; {fix}")
-    if st.st_uid != os.getuid():
-        raise SidecarError(f"sidecar directory {path} belongs to uid {st.st_uid}, not to this user; {fix}")
-    if st.st_mode & 0o077:
-        raise SidecarError(f"sidecar directory {path} is open to other users (mode {stat.S_IMODE(st.st_mode):04o}); "
-                           f"if only you used it, make it private: chmod 700 {path}; else {fix}")
 
 
 def _read_private_file(path: str) -> bytes | None:
@@ -193,7 +168,8 @@ def ensure_sidecar(options: LaunchOptions, executor: ExecutorProcess | None = No
     so a task killed while its sidecar starts leaves the lock held by that child, and the next task waits for
     it and uses it instead of starting a second one beside it."""
     executor = executor or find_executor_jvm()
-    base = os.path.join(runtime_dir(), sidecar_name(options.app_id, executor, options.device))
+    directory = runtime_dir()
+    base = os.path.join(directory, sidecar_name(options.app_id, executor, options.device))
     info = SidecarInfo.read(base + ".json")
     if _live(info):
         return info
@@ -201,25 +177,57 @@ def ensure_sidecar(options: LaunchOptions, executor: ExecutorProcess | None = No
         info = SidecarInfo.read(base + ".json")  # another task may have started it while we waited
         if _live(info):
             return info
+        _sweep(directory)  # once per sidecar start, not per task: the leftovers of sidecars long gone
         return _start(base, options, executor, lock_fd)
+
+
+def _sweep(directory: str) -> None:
+    try:
+        removed = sweep_runtime_dir(directory, _live_under)
+    except OSError as e:  # upkeep: never the reason a task fails
+        log.warning("could not sweep old sidecar files from %s: %s", directory, e)
+        return
+    if removed:
+        log.info("removed %d files of sidecars gone for a week from %s", len(removed), directory)
+
+
+def _live_under(base: str) -> bool:
+    """A sidecar serves under `base` (its name in the runtime directory), by its info file."""
+    try:
+        return _live(SidecarInfo.read(base + ".json"))
+    except SidecarError:  # a file no sidecar wrote: it serves nothing
+        return False
 
 
 @contextmanager
 def _file_lock(path: str, timeout_s: float):
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise SidecarError(f"waited {timeout_s:.0f} s for the sidecar start lock {path}") from None
+                    time.sleep(POLL_INTERVAL_S)
+            if _same_file(fd, path):
+                yield fd
+                return
+        finally:
+            os.close(fd)  # closing releases the lock (once a sidecar that inherited it has closed its copy too)
+        # The holder removed the lock file (a sweep, a sidecar's final exit): a task that opens the path now gets
+        # a new file and would hold "the" lock beside us. Lock what the path names now.
+
+
+def _same_file(fd: int, path: str) -> bool:
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise SidecarError(f"waited {timeout_s:.0f} s for the sidecar start lock {path}") from None
-                time.sleep(POLL_INTERVAL_S)
-        yield fd
-    finally:
-        os.close(fd)  # closing releases the lock (once a sidecar that inherited it has closed its copy too)
+        held, named = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
 
 
 def _start(base: str, options: LaunchOptions, executor: ExecutorProcess, lock_fd: int) -> SidecarInfo:

@@ -46,6 +46,8 @@ CORPUS_LIMITS = DecodeOptions(max_pixels=CORPUS_MAX_PIXELS, max_file_bytes=CORPU
 MAX_MEAN_DIFF = 1.0
 MAX_P99_DIFF = 6
 MAX_ABS_DIFF = 24
+# Above a 64 x 64 TIFF's pixels, below its bytes once its samples (float64, or 40 a pixel) are counted.
+TIFF_MAX_PIXELS = 5000
 
 
 @functools.cache
@@ -120,6 +122,31 @@ def test_tiff_fallback_checks_the_pixel_limit_from_the_header():
     data = _skimage()["skimage/multipage_rgb.tif"]
     with pytest.raises(ImageError, match="10x10 = 100 pixels, more than --max-pixels 99"):
         decode_rgb(data, DecodeOptions(max_pixels=99))
+
+
+@pytest.mark.skipif(not tiff.available(), reason="tifffile (the `tiff` extra) is not installed")
+@pytest.mark.parametrize("shape, dtype, photometric", [((64, 64), np.float64, "minisblack"),
+                                                       ((64, 64, 40), np.uint8, "rgb")],  # RGB + 37 extra samples
+                         ids=["float64", "40-samples-a-pixel"])
+def test_a_compressed_tiff_whose_samples_outgrow_the_pixel_limit_is_refused_before_tifffile_decodes_it(
+        monkeypatch, shape, dtype, photometric):
+    import tifffile
+
+    buffer = io.BytesIO()
+    tifffile.imwrite(buffer, np.zeros(shape, dtype), compression="zlib", photometric=photometric)
+    data = buffer.getvalue()
+    with pytest.raises(Exception, match="cannot identify"):
+        Image.open(io.BytesIO(data))  # Pillow refuses it: tifffile decodes it
+    assert decode_rgb(data).size == (64, 64)  # within the default limits it decodes
+    decoded = []
+    real_asarray = tifffile.TiffPage.asarray
+    monkeypatch.setattr(tifffile.TiffPage, "asarray",
+                        lambda page, **kw: decoded.append(page) or real_asarray(page, **kw))
+    # 64 x 64 = 4096 pixels pass --max-pixels; 8 or 40 bytes a pixel do not fit its 4 bytes a pixel.
+    with pytest.raises(ImageError, match=r"image too large: TIFF page of shape \(64, 64.*more than --max-pixels "
+                                         r"5000 x 4 bytes; raise --max-pixels or convert it to 8-bit RGB"):
+        decode_rgb(data, DecodeOptions(max_pixels=TIFF_MAX_PIXELS))
+    assert decoded == [], "tifffile decoded the samples before their size was checked"
 
 
 # --- colour modes made here ---------------------------------------------------------------------------------------

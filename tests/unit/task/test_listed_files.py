@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
+import threading
 
 import pytest
 
@@ -10,6 +13,12 @@ from spark_cnn.errors import ImageError
 from spark_cnn.imaging.decode import read_image_file
 from spark_cnn.imaging.limits import DecodeOptions
 from spark_cnn.task.files import listed_local_path, read_listed_file
+
+# A read that takes longer hangs: the fixed reads fail in milliseconds.
+READ_DEADLINE_S = 10.0
+# Address space a read may add while tested: reading /dev/zero without a bound stops here with a MemoryError
+# instead of taking the machine's memory.
+READ_MEMORY_HEADROOM = 2 << 30
 
 
 @pytest.mark.parametrize("listed, local", [
@@ -72,3 +81,57 @@ def test_a_folder_listed_because_it_could_not_be_read_gets_an_error_saying_so(tm
     monkeypatch.setattr(os, "listdir", refuse)
     with pytest.raises(ImageError, match=r"cannot list folder \(PermissionError: Permission denied\): its images"):
         read_listed_file("file:" + str(folder))
+
+
+def _read_in_time(path: str):
+    """read_listed_file(`path`) on a thread: its bytes or the exception it raised; fails the test when it has not
+    returned within READ_DEADLINE_S (the thread is left behind, a daemon)."""
+    outcome = []
+
+    def read():
+        try:
+            outcome.append(read_listed_file("file:" + path, DecodeOptions(max_file_bytes=1024)))
+        except Exception as e:  # the outcome under test
+            outcome.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(READ_DEADLINE_S)
+    assert not reader.is_alive(), f"reading {path} hangs"
+    return outcome[0]
+
+
+@contextlib.contextmanager
+def _bounded_memory():
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    bound = used + READ_MEMORY_HEADROOM
+    resource.setrlimit(resource.RLIMIT_AS, (bound if hard == resource.RLIM_INFINITY else min(bound, hard), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_a_fifo_or_a_link_to_a_device_in_the_input_is_an_error_row_not_a_hang(tmp_path):
+    fifo = tmp_path / "swapped.jpg"
+    os.mkfifo(fifo)
+    zeros = tmp_path / "zeros.jpg"
+    zeros.symlink_to("/dev/zero")
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(b"\xff\xd8 bytes")
+    linked = tmp_path / "linked.jpg"
+    linked.symlink_to(photo)
+    try:
+        with _bounded_memory():
+            from_fifo = _read_in_time(str(fifo))
+            from_zeros = _read_in_time(str(zeros))
+    finally:
+        with contextlib.suppress(OSError):  # a reader blocked in open() on the FIFO: a writer lets it go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert isinstance(from_fifo, ImageError) and "not a regular file: it is a FIFO" in str(from_fifo), from_fifo
+    assert isinstance(from_zeros, ImageError), from_zeros
+    assert "not a regular file (a link to /dev/zero): it is a character device" in str(from_zeros)
+    assert _read_in_time(str(photo)) == b"\xff\xd8 bytes"
+    assert _read_in_time(str(linked)) == b"\xff\xd8 bytes", "a link to a regular file is read"
