@@ -146,13 +146,17 @@ class SidecarClient(Closing):
 
     def _send_all(self, data: memoryview) -> None:
         """Send `data`, reading what arrives while the sidecar holds the send back (its queue is full, behind
-        other tasks' work): PROGRESS extends the deadline, replies wait in `_early` for `_recv`."""
+        other tasks' work): PROGRESS extends the deadline, replies wait in `_early` for `_recv`. Replies are read
+        ahead only up to the connection's bound: a client that keeps more unread (one that never takes its
+        replies) is held back by its socket, as the sidecar's backpressure intends, and times out."""
         poll = select.poll()
-        poll.register(self._sock, select.POLLIN | select.POLLOUT)
+        poll.register(self._sock, select.POLLOUT)
         while data:
             remaining = self._deadline.remaining()
             if remaining <= 0:
                 raise TimeoutError("no progress while sending")
+            reading = len(self._early) < self.max_in_flight
+            poll.modify(self._sock, select.POLLOUT | (select.POLLIN if reading else 0))
             events = poll.poll(remaining * 1000)
             if any(event & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, event in events):
                 self._take(self._read_frame())  # EOF or a reset raises here, as in _recv
