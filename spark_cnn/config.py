@@ -108,7 +108,7 @@ class InferenceOptions:
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs and is replaced
+    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply nor batch completed for this long: hung, replaced
     device_profile: str | None = None  # an exported device profile (file) the sidecars start from
     # classify | detect | segment (task/schema.py TASKS): what the model must compute
     task: str = field(default="classify", metadata={COMMAND_ONLY: True})

@@ -11,6 +11,7 @@ gives the PYTHONPATH under which that import works wherever the test runs from.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch
@@ -113,3 +114,24 @@ class TwoHeads(nn.Module):
 
 def two_heads() -> TwoHeads:
     return TwoHeads()
+
+
+PACED_ECHO_FACTORY = "tests.sidecar_doubles:paced_echo"
+# Per batch: a slow model on a CPU, slow enough that a queue of a few tasks' requests takes longer than a short
+# request timeout, fast enough that a test of dozens of batches ends in seconds.
+PACED_BATCH_S = 0.5
+# A request whose first pixel has this red value never returns from the forward: a model stuck on the device.
+STALL_MARK = 255
+
+
+class PacedEcho(SlowEcho):
+    """SlowEcho at PACED_BATCH_S per batch, whose forward blocks for good on a batch holding a STALL_MARK pixel."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if bool((images[:, 0, 0, 0] * 255.0 >= STALL_MARK - 0.5).any()):
+            threading.Event().wait()  # stuck for good, as a wedged kernel is; the test kills the process
+        return super().forward(images)
+
+
+def paced_echo() -> PacedEcho:
+    return PacedEcho(delay_s=PACED_BATCH_S)

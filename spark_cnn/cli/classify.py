@@ -129,8 +129,9 @@ def add_classify_options(parser: argparse.ArgumentParser, *, embed: bool = False
     run.add_argument("--threads", type=int, help="torch CPU threads per compute thread of a CPU sidecar "
                      "(default: half the cores; up to two compute threads cover the cores)")
     run.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REPLY_TIMEOUT_S,
-                     metavar="SECONDS", help="a sidecar that does not answer a request for this long is stopped "
-                                             f"and the task retried (default: {REPLY_TIMEOUT_S:g})")
+                     metavar="SECONDS", help="a sidecar that neither answers a request nor completes any batch "
+                                             "for this long is stopped and the task retried; waiting behind other "
+                                             f"tasks' batches does not count (default: {REPLY_TIMEOUT_S:g})")
     run.add_argument("--device-profile", metavar="FILE",
                      help="a device profile exported with `spark-cnn profile --export` (on a host of the executors' "
                           "device): the sidecars start their batch size from it instead of their own cached profile")

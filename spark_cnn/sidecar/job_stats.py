@@ -18,6 +18,7 @@ class JobStats:
     def __init__(self):
         self._lock = threading.Lock()
         self._jobs: dict[str, dict] = defaultdict(self._zero)
+        self._completed = 0  # device batches of every job: the progress clients are told of (protocol.PROGRESS)
 
     @staticmethod
     def _zero() -> dict:
@@ -55,12 +56,19 @@ class JobStats:
     def batch(self, job_rows: dict[str, int], rows: int, device_s: float) -> None:
         """One device batch of `rows` rows, holding `job_rows[job]` rows of each job."""
         with self._lock:
+            self._completed += 1
             for job in job_rows:
                 counters = self._jobs[job]
                 counters["batches"] += 1
                 counters["batch_rows"] += rows
                 counters["device_s"] += device_s
                 counters["histogram"][rows] += 1
+
+    @property
+    def completed_batches(self) -> int:
+        """Device batches completed so far, all jobs together."""
+        with self._lock:
+            return self._completed
 
     def snapshot(self, job: str) -> dict:
         with self._lock:

@@ -53,7 +53,7 @@ MAX_AUTO_BATCH_ROWS = {"cpu": 64, "cuda": 512}
 # Queue bound, in batches, for images at their own sizes (detectors, segmenters): one such image is up to ~20x a
 # 224 px crop (800 x 1333 x 3 = 3.2 MB), so the queue holds fewer batches than a classifier's (service.py).
 SIZED_QUEUED_BATCHES = 2
-# How often the main thread checks the executor process and the idle timer.
+# How often the main thread checks the executor process and the idle timer, and whether PROGRESS is due.
 WATCH_INTERVAL_S = 0.5
 # Requests one connection may have unanswered; its reader stops reading beyond that, so a client that sends
 # without reading replies (or faster than the device) is held back by its socket instead of filling the
@@ -99,6 +99,9 @@ class Connection:
         self.server = server
         self._outbox: queue.Queue = queue.Queue()
         self._unanswered = threading.BoundedSemaphore(MAX_REQUESTS_PER_CONNECTION)
+        self._waiting = 0  # INFERs read and not yet answered: while any, the client hears PROGRESS
+        self._waiting_lock = threading.Lock()
+        self.progress = False  # the client asked for PROGRESS in its HELLO
         self._writer_failed = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="writer", daemon=True)
         self.decode_options = DecodeOptions()  # the client's guard rails, from its HELLO
@@ -143,7 +146,14 @@ class Connection:
                 pass
             return
         if kind in (Kind.RESULT, Kind.ERROR) and request_id != protocol.CONNECTION_REQUEST_ID:
+            with self._waiting_lock:
+                self._waiting -= 1
             self._unanswered.release()  # an INFER answered
+
+    def waiting(self) -> bool:
+        """The client waits for a reply: some INFER of this connection is unanswered."""
+        with self._waiting_lock:
+            return self._waiting > 0
 
     def drained(self) -> bool:
         """Every reply queued so far has been sent (or dropped with a broken socket)."""
@@ -181,6 +191,8 @@ class Connection:
         while not self._unanswered.acquire(timeout=WATCH_INTERVAL_S):
             if self._writer_failed.is_set():
                 raise protocol.ConnectionClosed("the client stopped taking replies")
+        with self._waiting_lock:
+            self._waiting += 1
 
     def _handshake(self) -> tuple[ModelService, str, str]:
         deadline = self.server.settings.handshake_timeout_s
@@ -202,6 +214,7 @@ class Connection:
         if decode == "gpu" and self.server.device.type != "cuda":
             raise ConfigError(f"--decode gpu needs a CUDA device; this sidecar runs on {self.server.device}")
         self.decode_options = hello.decode_options
+        self.progress = hello.progress
         service = self.service = self.server.service_for(hello.endpoint, hello.run_options, user=self)
         if decode == "auto":
             decode = self.server.auto_decode(service)
@@ -209,7 +222,8 @@ class Connection:
         self.send_json(Kind.READY, frame.request_id, {"pid": os.getpid(), "device": str(self.server.device),
                                                       "batch_size": service.target_rows, "decode": decode,
                                                       "precision": service.runner.precision,
-                                                      "max_in_flight": MAX_REQUESTS_PER_CONNECTION})
+                                                      "max_in_flight": MAX_REQUESTS_PER_CONNECTION,
+                                                      "batches": self.server.stats.completed_batches})
         return service, job, decode
 
     def _infer(self, service: ModelService, job: str, decode: str, frame: protocol.Frame) -> None:
@@ -278,6 +292,7 @@ class SidecarServer:
         self._last_activity = time.monotonic()
         self._activity_lock = threading.Lock()
         self._stop = threading.Event()
+        self._progress_sent = 0.0  # when PROGRESS last went out (monotonic)
         self.auto_batch_rows = AUTO_BATCH_ROWS.get(self.device.type, AUTO_BATCH_ROWS["cpu"])
         if settings.lock_fd is not None:
             os.set_inheritable(settings.lock_fd, False)  # held by this process alone, never by its children
@@ -436,6 +451,23 @@ class SidecarServer:
             torch.cuda.empty_cache()
         return len(evicted)
 
+    def _send_progress(self, now: float) -> float:
+        """Every PROGRESS_INTERVAL_S, tell each client that waits for a reply (and asked) how many batches this
+        sidecar has completed: a task queued behind other tasks' work then sees a healthy sidecar as one
+        (task/progress.py), while a count that stops rising still reads as a hang. Sent from the main thread,
+        so a model stuck in a forward does not stop it, and the unchanged count gives the stuck model away.
+        Returns the seconds until the next is due."""
+        if now - self._progress_sent < protocol.PROGRESS_INTERVAL_S:
+            return self._progress_sent + protocol.PROGRESS_INTERVAL_S - now
+        self._progress_sent = now
+        batches = self.stats.completed_batches
+        with self._activity_lock:
+            connections = list(self._connections)
+        for conn in connections:
+            if conn.progress and conn.waiting():
+                conn.send_json(Kind.PROGRESS, protocol.CONNECTION_REQUEST_ID, {"batches": batches})
+        return protocol.PROGRESS_INTERVAL_S
+
     def retire(self, reason: str) -> None:
         """The device is unusable (a sticky error): stop taking connections and exit once the queued replies
         are out, leaving the log, so that the next task starts a new sidecar on a fresh device context."""
@@ -461,6 +493,8 @@ class SidecarServer:
             self._release_start_lock()
             log.info("serving on %s (device %s, pid %d)", self.settings.socket_path, self.device, os.getpid())
             while not self._stop.is_set():
+                # Wake for the next PROGRESS too, so its interval holds and clients' slack stays one interval.
+                listener.settimeout(min(WATCH_INTERVAL_S, self._send_progress(time.monotonic())))
                 try:
                     sock, _ = listener.accept()
                 except TimeoutError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import select
 import socket
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -17,13 +18,15 @@ from spark_cnn.errors import SidecarError, SidecarFault, SidecarHung, SidecarLos
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
+from spark_cnn.task.progress import ProgressDeadline
 from spark_cnn.task.protocol import ErrorKind, Kind
 from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
 
-# A reply slower than this means the sidecar hangs; the task fails and Spark retries it. A request waits behind
-# at most the queue bound (8 device batches) and the other tasks' requests: seconds on a GPU, about a minute
-# for a large model on a slow CPU; the handshake loads the model (seconds; torch.compile happens later, at the
-# first batch). Five minutes leaves room and still ends a stuck task.
+# This long with no reply and no batch completed anywhere in the sidecar means it hangs; the task fails and
+# Spark retries it. A wait behind other tasks' requests does not count while their batches complete
+# (task/progress.py), so the bound is one device batch, not a queue: well under a second on a GPU, tens of
+# seconds for a detector's batch on a slow CPU; the handshake loads the model (seconds; torch.compile happens
+# later, at the first batch). Five minutes leaves room and still ends a stuck task.
 REPLY_TIMEOUT_S = 300.0
 # Rows per request a task sends: large enough to amortise a message (~0.1 ms), small enough that the
 # batcher can fill device batches from several tasks at once.
@@ -57,10 +60,13 @@ class SidecarClient(Closing):
                  decode_options: DecodeOptions = DEFAULT_DECODE, timeout_s: float = REPLY_TIMEOUT_S,
                  pid: int | None = None):
         hello = protocol.Hello(token, endpoint, job, decode=decode, run_options=run_options,
-                               decode_options=decode_options)
+                               decode_options=decode_options, progress=True)
         self.socket_path = socket_path
         self.pid = pid  # the sidecar's: from its info file if given, else from its READY; errors name it
+        self.timeout_s = timeout_s
         self._ids = itertools.count(1)
+        self._early: deque[protocol.Frame] = deque()  # frames read while a send was held back, for _recv
+        self._deadline = ProgressDeadline(timeout_s)  # no PROGRESS before READY: the handshake is timed as a whole
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
         try:
@@ -78,6 +84,8 @@ class SidecarClient(Closing):
             raise SidecarError(f"sidecar at {socket_path} refused the connection: {_message(reply)}")
         self.ready = reply.json()
         self.pid = self.ready.get("pid", pid)
+        batches = self.ready.get("batches")  # the baseline for PROGRESS; None from a sidecar that sends none
+        self._deadline = ProgressDeadline(timeout_s, batches=batches if isinstance(batches, int) else None)
         # Where this connection's images are decoded: as asked, or the sidecar's pick when asked for `auto`.
         self.decode = self.ready.get("decode") or decode
         # Requests this connection may have unanswered: map_ordered keeps within it (protocol.py says why).
@@ -125,25 +133,68 @@ class SidecarClient(Closing):
         return frame.json()
 
     def _send(self, kind: Kind, request_id: int, payload) -> None:
+        view = memoryview(payload).cast("B")
+        self._deadline.restart()
         try:
-            protocol.send_frame(self._sock, kind, request_id, payload)
-        except TimeoutError as e:  # the sidecar stopped reading: its socket buffer is full
+            self._send_all(memoryview(protocol.HEADER.pack(int(kind), request_id, view.nbytes)))
+            self._send_all(view)
+        except TimeoutError as e:  # the sidecar stopped reading and completed no batch meanwhile
             raise self._hung() from e
-        except OSError as e:  # BrokenPipeError and friends: the sidecar is gone
+        except (protocol.ConnectionClosed, OSError) as e:  # BrokenPipeError and friends: the sidecar is gone
             raise SidecarLost(f"cannot send to the {self.describe()} ({e}); did it exit? see its "
                               f".log beside the socket") from e
 
+    def _send_all(self, data: memoryview) -> None:
+        """Send `data`, reading what arrives while the sidecar holds the send back (its queue is full, behind
+        other tasks' work): PROGRESS extends the deadline, replies wait in `_early` for `_recv`. Replies are read
+        ahead only up to the connection's bound: a client that keeps more unread (one that never takes its
+        replies) is held back by its socket, as the sidecar's backpressure intends, and times out."""
+        poll = select.poll()
+        poll.register(self._sock, select.POLLOUT)
+        while data:
+            remaining = self._deadline.remaining()
+            if remaining <= 0:
+                raise TimeoutError("no progress while sending")
+            reading = len(self._early) < self.max_in_flight
+            poll.modify(self._sock, select.POLLOUT | (select.POLLIN if reading else 0))
+            events = poll.poll(remaining * 1000)
+            if any(event & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, event in events):
+                self._take(self._read_frame())  # EOF or a reset raises here, as in _recv
+            if any(event & select.POLLOUT for _, event in events):
+                self._sock.settimeout(max(self._deadline.remaining(), 1e-3))  # non-blocking: a partial send
+                data = data[self._sock.send(data):]
+
+    def _take(self, frame: protocol.Frame) -> None:
+        if frame.kind == Kind.PROGRESS:
+            self._deadline.progress(_batches(frame))
+        else:
+            self._early.append(frame)
+
     def _recv(self) -> protocol.Frame:
+        """The next frame that is not a PROGRESS; waits while replies or progress keep coming (progress.py)."""
+        self._deadline.restart()
         try:
-            return protocol.recv_frame(self._sock)
+            while True:
+                frame = self._early.popleft() if self._early else self._read_frame()
+                if frame.kind != Kind.PROGRESS:
+                    return frame
+                self._deadline.progress(_batches(frame))
         except TimeoutError as e:
             raise self._hung() from e
         except (protocol.ConnectionClosed, OSError) as e:  # EOF, or ECONNRESET when it died mid-message
             raise SidecarLost(f"the {self.describe()} closed the connection (did it exit? see its "
                               f".log beside the socket)") from e
 
+    def _read_frame(self) -> protocol.Frame:
+        remaining = self._deadline.remaining()
+        if remaining <= 0:
+            raise TimeoutError("no progress")
+        self._sock.settimeout(remaining)
+        return protocol.recv_frame(self._sock)
+
     def _hung(self) -> SidecarHung:
-        error = SidecarHung(f"the {self.describe()} did not answer within {self._sock.gettimeout():.0f} s")
+        error = SidecarHung(f"the {self.describe()} did not answer within {self.timeout_s:g} s and completed "
+                            "no batch of any task in that time")
         error.pid, error.socket_path = self.pid, self.socket_path  # for whoever stops it (failover.py)
         return error
 
@@ -191,6 +242,17 @@ def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | l
         in_flight -= 1
         yield from drain_ready_head()
     yield from drain_ready_head()
+
+
+def _batches(frame: protocol.Frame) -> int:
+    """The completed-batch count of a PROGRESS message."""
+    try:
+        batches = frame.json()["batches"]
+    except (ValueError, TypeError, KeyError):
+        batches = None
+    if not isinstance(batches, int):
+        raise SidecarError(f"a PROGRESS message without a batch count: {bytes(frame.payload)[:100]!r}")
+    return batches
 
 
 def _error_kind(frame: protocol.Frame) -> ErrorKind:

@@ -4,9 +4,10 @@ A lost connection (EOF, reset, broken pipe: the sidecar was killed or crashed) i
 `FailoverClient` connects again through its `connect` callable, which finds the dead sidecar's leftover files
 and starts a new one (`launcher.ensure_sidecar`), and sends every request still in flight again, in order.
 A request is in flight from its send until its reply is taken, so each gets exactly one reply: nothing is
-lost and nothing is answered twice. A hung sidecar (no reply within the request timeout) is different: the
-task cannot tell a slow model from a stuck one, so it stops that sidecar (so no attempt reuses it) and fails
-with a message that names it; Spark's task retry then starts on a new sidecar. A sidecar killed while it
+lost and nothing is answered twice. A hung sidecar (no reply and no batch completed within the request
+timeout, task/progress.py) is different: the task cannot tell a stuck model from a stuck sidecar, so it stops
+that sidecar (so no attempt reuses it) and fails with a message that names it; Spark's task retry then starts on
+a new sidecar. A sidecar killed while it
 starts (the OOM killer, while it imports torch) is started again, within the same bound. A model or device
 failure (SidecarFault) fails the task as it is; after a sticky device error the task also stops that sidecar,
 so the retry runs on a fresh device context.

@@ -3,7 +3,8 @@
 Every message is a fixed header (kind, request id, payload length) and a payload. Control messages carry JSON;
 INFER and RESULT carry one Arrow IPC stream holding one record batch, so pixels and outputs cross the socket
 without per-value serialisation. A connection starts with HELLO (token + endpoint) and READY; then the client
-may keep several INFER requests in flight, each answered by a RESULT or an ERROR with the same request id.
+may keep several INFER requests in flight, each answered by a RESULT or an ERROR with the same request id. A
+client that asks for it in its HELLO also gets PROGRESS messages while it waits (request id 0, never a reply).
 """
 
 from __future__ import annotations
@@ -26,13 +27,21 @@ from spark_cnn.task.run_options import DECODE_CHOICES, DEFAULT_RUN, RunOptions
 class Kind(IntEnum):
     HELLO = 1        # client -> sidecar, JSON: Hello.to_json() (token, endpoint, job, decode, run/decode options)
     READY = 2        # sidecar -> client, JSON: {"pid", "device", "batch_size", "decode" (where images decode),
-                     # "max_in_flight" (requests a connection may have unanswered)}
+                     # "max_in_flight" (requests a connection may have unanswered), "batches" (as in PROGRESS)}
     INFER = 3        # client -> sidecar, Arrow: column "pixels" (uint8 HxWx3 per row), "encoded" (file bytes) or
                      # "image" (uint8 pixels of each row's own size, with SIZED_COLUMNS)
     RESULT = 4       # sidecar -> client, Arrow: one row per request row, same order (schema.reply_schema)
     ERROR = 5        # sidecar -> client, JSON: {"message", "kind": ErrorKind}; request id 0: the connection failed
     STATS = 6        # client -> sidecar, JSON: {"job"}
     STATS_REPLY = 7  # sidecar -> client, JSON: sidecar identity and counters for that job
+    PROGRESS = 8     # sidecar -> client, JSON: {"batches": device batches the whole sidecar has completed}, request
+                     # id 0; every PROGRESS_INTERVAL_S to a connection with requests unanswered, if its HELLO asked
+
+
+# How often a sidecar tells a waiting client how many batches it has completed. Far below any useful request
+# timeout (tests use 2-3 s, the default is 300 s), so a healthy sidecar's progress arrives well before a client
+# gives up; one ~40-byte message per waiting connection per second costs nothing beside the replies.
+PROGRESS_INTERVAL_S = 1.0
 
 
 # Requests one connection may have unanswered. The sidecar stops reading a connection beyond it, so a client that
@@ -105,6 +114,9 @@ class Hello:
     decode: str = "task"
     run_options: RunOptions = DEFAULT_RUN
     decode_options: DecodeOptions = DEFAULT_DECODE
+    # Asks for PROGRESS messages. Opt-in, so a client that does not know them (an older one, a raw test client)
+    # never receives a kind it cannot read; a sidecar that does not know them ignores the field.
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if self.decode not in DECODE_CHOICES:
@@ -112,7 +124,8 @@ class Hello:
 
     def to_json(self) -> dict:
         return {"token": self.token, "endpoint": self.endpoint.to_json(), "job": self.job, "decode": self.decode,
-                "options": asdict(self.run_options), "decode_options": asdict(self.decode_options)}
+                "options": asdict(self.run_options), "decode_options": asdict(self.decode_options),
+                "progress": self.progress}
 
     @classmethod
     def from_json(cls, data: dict) -> Hello:
@@ -122,7 +135,8 @@ class Hello:
         return cls(token=str(data.get("token", "")), endpoint=Endpoint.from_json(data["endpoint"]),
                    job=str(data.get("job", "")), decode=data.get("decode") or "task",
                    run_options=options_from_json(RunOptions, data.get("options"), "run"),
-                   decode_options=options_from_json(DecodeOptions, data.get("decode_options"), "decode"))
+                   decode_options=options_from_json(DecodeOptions, data.get("decode_options"), "decode"),
+                   progress=data.get("progress") is True)
 
 
 def options_from_json(kind: type, data: dict | None, what: str):

@@ -73,7 +73,7 @@ class InferencePlan:
     decode_options: DecodeOptions = DEFAULT_DECODE  # the guard rails, here and in the sidecar (HELLO)
     request_rows: int = DEFAULT_REQUEST_ROWS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply for this long: the sidecar hangs (see failover.py)
+    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply nor progress for this long: it hangs (progress.py)
     encoding: str = ENCODED  # how input `content` holds images (formats.pixels); decoded pixels skip decoding
     carry: tuple[str, ...] = ()  # input columns copied to the output unchanged (e.g. true_label)
     storage: StorageOptions = NO_STORAGE  # how tasks open the object store the driver listed (LOCAL_FILES)
