@@ -3,6 +3,7 @@ random token, never over the network; refusals are logged without any token; wei
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import socket
@@ -312,7 +313,15 @@ def test_no_package_code_unpickles_without_an_allow_list_or_loads_torch_files_un
                                                        "cloudpickle.load", "dill.load"))
             if unpickles and "def find_class" not in text:
                 offenders.append(f"{path}: unpickles without a find_class allow-list")
-            for call in text.split("torch.load(")[1:]:
-                if "weights_only=True" not in call.split(")")[0]:
-                    offenders.append(f"{path}: torch.load without weights_only=True")
+            for call in _torch_load_calls(text):
+                if not any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                           for k in call.keywords):
+                    offenders.append(f"{path}:{call.lineno}: torch.load without weights_only=True")
     assert not offenders, offenders
+
+
+def _torch_load_calls(source: str) -> list[ast.Call]:
+    """Every `torch.load(...)` call in a module, however its arguments are written."""
+    return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"]
