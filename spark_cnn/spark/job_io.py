@@ -29,6 +29,7 @@ from spark_cnn.errors import (
     SidecarLost,
     SparkCnnError,
 )
+from spark_cnn.spark.job_lock import job_locks
 from spark_cnn.spark.listing import check_store_input
 from spark_cnn.spark.locations import check_checkpoint_location, check_output_location
 from spark_cnn.spark.session import application_id, owns_executors, spark_session
@@ -85,21 +86,24 @@ def check_paths(fs: HadoopFS, input_uri: str, output_uri: str | None, overwrite:
 
 @contextmanager
 def job_session(spark: SparkSession | None, *, master: str | None, quiet: bool, app_name: str = "spark_cnn",
-                remote: str | None = None) -> Iterator[SparkSession]:
+                remote: str | None = None, outputs: tuple[str, ...] = (),
+                checkpoints: tuple[str, ...] = ()) -> Iterator[SparkSession]:
     """`spark` when given (the caller owns it), else a new session (on `remote`, a Spark Connect server, when
     given) that is stopped at the end, after this host's sidecars of its application when the session's
     executors end with it (on a cluster they exit with their executors; on a shared Connect server they serve
-    its other clients until they idle out)."""
-    if spark is not None:
-        yield spark
-        return
-    spark = spark_session(master=master, remote=remote, quiet=quiet, app_name=app_name)
-    try:
-        yield spark
-    finally:
-        if owns_executors(spark):
-            stop_sidecars(application_id(spark))
-        spark.stop()
+    its other clients until they idle out). The job's `outputs` and `checkpoints` are locked (`job_lock`) before
+    the session starts and until it ends, so a second job writing one of them stops at once."""
+    with job_locks(outputs, checkpoints):
+        if spark is not None:
+            yield spark
+            return
+        spark = spark_session(master=master, remote=remote, quiet=quiet, app_name=app_name)
+        try:
+            yield spark
+        finally:
+            if owns_executors(spark):
+                stop_sidecars(application_id(spark))
+            spark.stop()
 
 
 def staging_uri(output_uri: str, job_id: str) -> str:
