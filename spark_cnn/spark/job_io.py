@@ -2,11 +2,13 @@
 any work, own or borrow the session, stage the output and publish it by a rename, and turn a task's failure
 back into the error the task raised.
 
-Publishing with `--overwrite` never deletes before the new output is in place: the old output is renamed to a
-hidden sibling `.NAME.spark_cnn-JOB.old`, the staged one renamed in, then the old one deleted. A run killed
-between those steps leaves the old output under that name; the next job writing the same OUTPUT finds it
-(`recover_output`): with OUTPUT missing it renames the old output back, with OUTPUT present (the new one made
-it) it deletes the old one.
+Publishing with `--overwrite` never deletes before the new output is in place: the old output is moved to a
+hidden sibling `.NAME.spark_cnn-JOB.aside`, the staged one moved in, OUTPUT marked complete (`COMPLETE_MARKER`,
+written last), then the old one deleted. On an object store each move copies and deletes object by object, so a
+run killed midway leaves the files of one output split between two names; markers say which move was under way
+(the aside is marked once the old output is wholly there). The next job writing the same OUTPUT (holding its
+lock, `job_lock`) finishes the work (`recover_output`): with OUTPUT marked it deletes the old output, otherwise
+it puts the old output back whole, merging its files from both names.
 """
 
 from __future__ import annotations
