@@ -73,7 +73,8 @@ def run_job(config: ClassifyConfig, *, spark: SparkSession | None = None,
     model = check_model(options)
     labels = model.labels
 
-    with job_session(spark, master=config.master, remote=config.remote, quiet=config.quiet) as spark:
+    with job_session(spark, master=config.master, remote=config.remote, quiet=config.quiet,
+                     outputs=(output_uri,)) as spark:
         fs = job_filesystem(spark, StorageOptions.parse(config.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)

@@ -73,7 +73,8 @@ def run_etl(config: EtlConfig, *, spark: SparkSession | None = None) -> dict:
         raise InputError(f"input {input_path} is not a folder: the ETL job watches a folder for new images")
     model = check_model(options)  # as the classify job: in a child process, before Spark starts
 
-    with job_session(spark, master=job.master, remote=job.remote, quiet=job.quiet, app_name="spark_cnn_etl") as spark:
+    with job_session(spark, master=job.master, remote=job.remote, quiet=job.quiet, app_name="spark_cnn_etl",
+                     outputs=(output_uri,), checkpoints=(checkpoint_uri,)) as spark:
         app_id = application_id(spark)
         fs = job_filesystem(spark, StorageOptions.parse(job.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, True, input_name=job.input, checkpoint_uri=checkpoint_uri)

@@ -97,7 +97,7 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
         # it writes Petastorm's metadata through the JVM's Hadoop FileSystem
         raise ConfigError("to-petastorm runs on a classic Spark session, not on Spark Connect: unset "
                           f"{REMOTE_ENV} (or pass a classic session)")
-    with job_session(spark, master=config.master, quiet=config.quiet) as spark:
+    with job_session(spark, master=config.master, quiet=config.quiet, outputs=(output_uri,)) as spark:
         fs = HadoopFS(spark)
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)

@@ -102,6 +102,17 @@ class HadoopFS:
             return []
         return [status.getPath().getName() for status in fs.listStatus(path)]
 
+    def list_files(self, uri: str) -> list[str]:
+        """Paths, relative to a folder, of every file below it ([] when it does not exist)."""
+        fs, path = self._fs_path(uri)
+        if not fs.exists(path):
+            return []
+        root = fs.makeQualified(path).toString().rstrip("/") + "/"
+        files, names = fs.listFiles(path, True), []
+        while files.hasNext():
+            names.append(str(files.next().getPath().toString()).removeprefix(root))
+        return names
+
     def qualify(self, uri: str) -> str:
         """`uri` as its filesystem names it: the default scheme and authority filled in, `.` and `..` resolved."""
         fs, path = self._fs_path(uri)
@@ -238,6 +249,17 @@ class ArrowFS:
         except OSError as e:
             raise InputError(storage_error(uri, e)) from e
         return [info.base_name for info in infos]
+
+    def list_files(self, uri: str) -> list[str]:
+        """Paths, relative to a folder, of every file below it ([] when it does not exist)."""
+        from pyarrow.fs import FileSelector, FileType
+        fs, path = self._fs_path(uri)
+        try:
+            infos = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
+        except OSError as e:
+            raise InputError(storage_error(uri, e)) from e
+        root = path.rstrip("/") + "/"
+        return [info.path.removeprefix(root) for info in infos if info.type == FileType.File]
 
     def qualify(self, uri: str) -> str:
         """`uri` with `.` and `..` resolved, local paths as Hadoop spells them (`file:/a/b`)."""

@@ -18,6 +18,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark import listing
 from spark_cnn.spark.classify_job import classify, embed
 from spark_cnn.spark.etl_job import run_etl
+from spark_cnn.spark.job_lock import job_lock
 from spark_cnn.spark.petastorm_job import to_petastorm
 from spark_cnn.spark.storage import HadoopFS
 from tests.sample_images import real_image_files, write_files
@@ -111,7 +112,7 @@ def test_a_failed_rename_of_the_new_output_puts_the_old_one_back(spark, demo_ass
     with pytest.raises(OSError, match="could not rename"):
         _run("classify", spark, demo_assets.weights, photos, str(output))
     assert (output / "old.parquet").read_bytes() == b"old"
-    assert not any(name.endswith(".old") for name in _hidden_siblings(tmp_path))
+    assert not any(name.endswith((".old", ".aside")) for name in _hidden_siblings(tmp_path))
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
@@ -133,6 +134,23 @@ def test_the_next_job_restores_an_old_output_a_killed_publish_left_aside(spark, 
         classify(config, spark=spark)
         assert len(_rows(str(tmp_path / "out"))) == 3
     assert _hidden_siblings(tmp_path) == []
+
+
+@pytest.mark.parametrize("job, locked", [("classify", "out"), ("to-petastorm", "out"), ("etl", "out"),
+                                         ("etl", "out-checkpoint")])
+def test_a_second_job_on_a_locked_output_or_checkpoint_stops_before_spark_and_touches_nothing(
+        spark, demo_assets, tmp_path, job, locked):
+    # A scheduler's retry started while the first driver still runs: the first holds the lock.
+    photos, output = _digits(tmp_path / "photos"), tmp_path / "out"
+    output.mkdir()
+    (output / "part-0.parquet").write_bytes(b"the first job's output")
+    before, jobs_before = _snapshot(str(tmp_path)), _jobs_run(spark)
+    what = "checkpoint" if locked.endswith("checkpoint") else "output"
+    with job_lock(str(tmp_path / locked), what=what):
+        with pytest.raises(InputError, match=f"{what} .*{locked} is being written by another job") as raised:
+            _run(job, spark, demo_assets.weights, photos, str(output))
+    assert "\n" not in str(raised.value)
+    assert _jobs_run(spark) == jobs_before and _snapshot(str(tmp_path)) == before
 
 
 def test_weights_changed_in_place_reach_the_executors_in_the_same_session(spark, demo_assets, tmp_path):

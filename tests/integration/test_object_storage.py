@@ -157,3 +157,26 @@ def test_arrow_fs_publishes_on_a_store_as_hadoop_fs_does(images, s3_endpoint):
     assert fs.list_names(f"s3://{BUCKET}/jobs") == ["out"]
     fs.delete(output)
     assert not fs.exists(output) and fs.list_names(output) == []
+
+
+@pytest.mark.parametrize("output_scheme", ["s3a", "s3n"])
+def test_overwrite_onto_the_input_under_another_scheme_alias_is_refused_and_every_object_survives(
+        demo_assets, images, s3_endpoint, output_scheme):
+    # s3a:// and s3n:// are Hadoop's names for the s3:// bucket the input is read from: --overwrite would
+    # publish by deleting the input.
+    storage = {**KEYS, "endpoint": s3_endpoint, "region": "us-east-1"}
+    store = ArrowFS(StorageOptions.parse(storage))
+    before = {info.path: store.read_bytes(f"s3://{info.path}") for info in _objects(store, f"{BUCKET}/in")}
+    assert len(before) > 10
+    config = ClassifyConfig(f"s3://{BUCKET}/in", f"{output_scheme}://{BUCKET}/in", InferenceOptions(
+        ModelSpec(DIGITS_FACTORY, demo_assets.weights)), InputOptions(storage_options=storage), overwrite=True)
+    with pytest.raises(InputError, match=f"output {output_scheme}://images/in is the input") as raised:
+        classify(config)  # no session given: the refusal comes before one would start
+    assert "\n" not in str(raised.value)
+    assert {info.path: store.read_bytes(f"s3://{info.path}") for info in _objects(store, f"{BUCKET}/in")} == before
+
+
+def _objects(store: ArrowFS, prefix: str):
+    fs, _ = store._fs_path(f"s3://{prefix}")
+    return [info for info in fs.get_file_info(pafs.FileSelector(prefix, recursive=True))
+            if info.type == pafs.FileType.File]

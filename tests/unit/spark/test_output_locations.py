@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,3 +98,85 @@ def test_the_local_check_refuses_before_the_existence_checks(tree):
     with pytest.raises(InputError, match="overlaps the input"):
         check_local_paths(f"file://{tree}/photos", f"file://{tree}/out", True,
                           checkpoint_uri=f"file://{tree}/photos/.checkpoint")
+
+
+# Spellings of one store as users write them (Hadoop's, pyarrow's, Azure's two endpoints, default ports).
+ALIASES = {
+    "s3": ["s3://bkt", "s3a://bkt", "s3n://BKT"],
+    "gcs": ["gs://bkt", "gcs://bkt"],
+    "azure": ["abfs://box@acct.dfs.core.windows.net", "abfss://box@acct.dfs.core.windows.net",
+              "wasb://box@acct.blob.core.windows.net", "wasbs://box@ACCT.blob.core.windows.net", "az://box"],
+    "hdfs": ["hdfs://nn", "hdfs://nn:8020", "HDFS://NN:8020/"],
+}
+SAME_STORE = [(a, b) for spellings in ALIASES.values() for a in spellings for b in spellings if a != b]
+# (output, refused) for an input at /data/photos
+OVERLAPS = [("/data/photos", "is the input"), ("/data", "contains the input"),
+            ("/data/photos/out", "lies inside the input")]
+
+
+@pytest.mark.parametrize("where, refused", OVERLAPS)
+@pytest.mark.parametrize("input_store, output_store", SAME_STORE)
+def test_an_output_spelled_with_another_alias_of_the_input_store_is_refused(input_store, output_store, where,
+                                                                            refused):
+    with pytest.raises(InputError, match=refused) as error:
+        check_output_location(f"{input_store}/data/photos", f"{output_store.rstrip('/')}{where}")
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("input_store, checkpoint_store", SAME_STORE)
+def test_a_checkpoint_spelled_with_another_alias_inside_the_input_is_refused(input_store, checkpoint_store):
+    with pytest.raises(InputError, match="overlaps the input"):
+        check_checkpoint_location(f"{input_store}/data/photos", f"{checkpoint_store.rstrip('/')}/data/photos/_cp")
+    with pytest.raises(InputError, match="is the output folder"):
+        check_checkpoint_location(f"{input_store}/data/photos", f"{checkpoint_store.rstrip('/')}/data/out",
+                                  f"{input_store}/data/out")
+
+
+@pytest.mark.parametrize("input_store, output_store", [
+    ("s3://bkt", "gs://bkt"), ("s3a://bkt", "s3a://other"), ("gs://bkt", "abfs://bkt@acct.dfs.core.windows.net"),
+    ("hdfs://nn", "hdfs://nn:9000"), ("hdfs://nn:8020", "hdfs://other:8020"), ("viewfs://nn", "hdfs://nn"),
+    ("abfs://box@acct.dfs.core.windows.net", "abfs://box@other.dfs.core.windows.net"),
+    ("abfs://box@acct.dfs.core.windows.net", "az://other"),
+])
+def test_the_same_path_in_another_store_stays_allowed(input_store, output_store):
+    check_output_location(f"{input_store}/data/photos", f"{output_store}/data/photos")
+    check_checkpoint_location(f"{input_store}/data/photos", f"{output_store}/data/photos/_cp")
+
+
+def _volume_stat(*existing: str, same_as: dict[str, str] | None = None):
+    """`os.stat` of a volume holding `existing` folders, case-insensitive as macOS's and Windows' are;
+    `same_as`: a path -> the folder it is mounted from (a bind mount)."""
+    inodes = {path.lower(): ino for ino, path in enumerate(existing, start=1)}
+    for path, source in (same_as or {}).items():
+        inodes[path.lower()] = inodes[source.lower()]
+
+    def stat(path: str):
+        if path.lower() not in inodes:
+            raise FileNotFoundError(path)
+        return SimpleNamespace(st_dev=7, st_ino=inodes[path.lower()])
+
+    return stat
+
+
+CASELESS = _volume_stat("/", "/Volumes", "/Volumes/Mac", "/Volumes/Mac/Photos", "/mnt", "/mnt/photos",
+                        same_as={"/mnt/photos": "/Volumes/Mac/Photos"})
+
+
+@pytest.mark.parametrize("output, refused", [
+    ("/Volumes/Mac/photos", "is the input"),
+    ("/volumes/mac/PHOTOS", "is the input"),
+    ("/Volumes/MAC", "contains the input"),
+    ("/Volumes/Mac/photos/out", "lies inside the input"),
+    ("/mnt/photos", "is the input"),  # a bind mount of the input
+    ("/mnt/photos/out", "lies inside the input"),
+])
+def test_another_spelling_of_the_input_on_a_case_insensitive_volume_or_mount_is_refused(output, refused):
+    with pytest.raises(InputError, match=refused):
+        check_output_location("/Volumes/Mac/Photos", output, home="/home/me", stat=CASELESS)
+    with pytest.raises(InputError, match="overlaps the input"):
+        check_checkpoint_location("/Volumes/Mac/Photos", output, stat=CASELESS)
+
+
+@pytest.mark.parametrize("output", ["/Volumes/Mac/photos-out", "/Volumes/Mac/out", "/mnt/out"])
+def test_folders_beside_the_input_on_a_case_insensitive_volume_are_allowed(output):
+    check_output_location("/Volumes/Mac/Photos", output, home="/home/me", stat=CASELESS)
