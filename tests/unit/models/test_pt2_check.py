@@ -78,12 +78,11 @@ def _set_config(records, name, entries: dict) -> None:
 
 def _decoy(marker):
     """The real weights config marks weight_0 use_pickle; a decoy *_config.json says it is raw."""
+    pickled = _pickled_weight(marker)
+
     def edit(records):
-        entries = _config(records, WEIGHTS_CONFIG)
-        first = next(iter(entries.values()))
-        first["use_pickle"] = True
-        records[f"data/weights/{first['path_name']}"] = _evil(marker)
-        _set_config(records, WEIGHTS_CONFIG, entries)
+        pickled(records)
+        first = next(iter(_config(records, WEIGHTS_CONFIG).values()))
         _set_config(records, "data/weights/x_config.json", {"decoy": {**first, "use_pickle": False}})
     return edit
 

@@ -5,9 +5,7 @@ names no kind, fails the task whatever on_error says."""
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
-import threading
 
 import numpy as np
 import pytest
@@ -17,40 +15,22 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
 from spark_cnn.task.client import RequestFailed, SidecarClient, SidecarFault
 from spark_cnn.task.protocol import ErrorKind, Kind
+from tests.scripted_peer import WAIT_S, scripted_peer
 
-WAIT_S = 10.0
 
-
-def scripted_peer(path: str, error: dict) -> threading.Thread:
-    """Accepts one client: READY to its HELLO, then `error` as the ERROR reply to its first INFER."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1)
-    listener.settimeout(WAIT_S)
-
-    def serve() -> None:
-        sock, _ = listener.accept()
-        sock.settimeout(WAIT_S)
-        with sock, listener:
-            hello = protocol.recv_frame(sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
-            protocol.send_json(sock, Kind.READY, hello.request_id, {"pid": 4242, "decode": "task"})
-            infer = protocol.recv_frame(sock)
-            protocol.send_json(sock, Kind.ERROR, infer.request_id, error)
-            try:
-                protocol.recv_frame(sock)  # until the client closes
-            except (protocol.ConnectionClosed, OSError):
-                pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
+def answer_first_request(error: dict):
+    """A peer script: `error` as the ERROR reply to the client's first INFER."""
+    def script(sock, hello) -> None:
+        infer = protocol.recv_frame(sock)
+        protocol.send_json(sock, Kind.ERROR, infer.request_id, error)
+    return script
 
 
 def reply_to_one_request(error: dict):
     """The client's receive() for one INFER answered with `error`: its return value, or what it raised."""
     with tempfile.TemporaryDirectory(prefix="scn") as directory:
         path = os.path.join(directory, "peer.sock")
-        peer = scripted_peer(path, error)
+        peer = scripted_peer(path, answer_first_request(error))
         endpoint = Endpoint("peer:model", None, Preprocessing(resize=4, crop=4), top_k=1, fingerprint="f" * 16)
         try:
             with SidecarClient(path, "token", endpoint, "job", timeout_s=WAIT_S) as client:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 
@@ -20,6 +19,7 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
 from spark_cnn.task.client import RequestFailed, SidecarClient
 from spark_cnn.task.protocol import ErrorKind, Kind
+from tests.scripted_peer import WAIT_S, scripted_peer
 
 # Waits on the wall clock: a few multiples of a short timeout.
 pytestmark = pytest.mark.slow
@@ -27,7 +27,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 0.5
 HOLD_S = 3 * TIMEOUT_S  # how long the peer holds a send back, or keeps reporting no progress
 BEAT_S = 0.1  # the peer's PROGRESS interval, short against TIMEOUT_S
-WAIT_S = 10.0
 # Far beyond a Unix socket's buffer (~200 KB): the client's send blocks until the peer reads it.
 LARGE = np.zeros((400, 64, 64, 3), np.uint8)
 ENDPOINT = Endpoint("peer:model", None, Preprocessing(resize=4, crop=4), top_k=1, fingerprint="f" * 16)
@@ -51,29 +50,14 @@ def refuse(sock: socket.socket, request_id: int) -> None:
 
 @contextmanager
 def peer(script):
-    """A listener whose one connection gets READY (0 batches completed), then `script(sock)`."""
+    """A scripted peer whose one connection gets READY (0 batches completed), then `script(sock)`."""
+    def checked(sock, hello) -> None:
+        assert hello.json()["progress"] is True
+        script(sock)
+
     with tempfile.TemporaryDirectory(prefix="scn") as directory:
         path = os.path.join(directory, "peer.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(path)
-        listener.listen(1)
-        listener.settimeout(WAIT_S)
-
-        def serve() -> None:
-            sock, _ = listener.accept()
-            sock.settimeout(WAIT_S)
-            with sock, listener:
-                hello = protocol.recv_frame(sock, max_bytes=protocol.MAX_HANDSHAKE_BYTES)
-                assert hello.json()["progress"] is True
-                protocol.send_json(sock, Kind.READY, hello.request_id, {"pid": 4242, "decode": "task", "batches": 0})
-                script(sock)
-                try:
-                    protocol.recv_frame(sock)  # until the client closes
-                except (protocol.ConnectionClosed, OSError):
-                    pass
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
+        thread = scripted_peer(path, checked, ready={"pid": 4242, "decode": "task", "batches": 0})
         try:
             yield path
         finally:
