@@ -8,6 +8,7 @@ from spark_cnn.bench.cputime import KINDS
 from spark_cnn.bench.detect_check import summary_line
 from spark_cnn.bench.variants import IDENTITY_MODEL, SIDECAR_DECODE_VARIANT, VARIANTS
 from spark_cnn.errors import missing_extra
+from spark_cnn.models.device_curve import SIM_PREFIX
 
 # The project's throughput targets on the 2-core machine (docs/benchmarks.md): (what, ratio needed, models it
 # applies to; None: every real model, not the near-free one; EVERY_MODEL: the near-free one too). With the
@@ -32,7 +33,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _applies(models: tuple[str, ...] | None, model: str) -> bool:
     if models is EVERY_MODEL:
         return True
-    return model != IDENTITY_MODEL if models is None else model in models
+    if models is None:  # the real models: neither the near-free one nor a simulated device (no model limit)
+        return model != IDENTITY_MODEL and not model.startswith(SIM_PREFIX)
+    return model in models
 
 
 def target_lines(entry: dict) -> list[str]:
@@ -77,6 +80,7 @@ def table(entry: dict) -> str:
                      f"{limit['decode_per_s_one_core']:.1f} img/s on one core; model {model_rates} img/s "
                      f"(batch {limit['model_batch_size']})")
     lines += beyond_decoding_lines(entry)
+    lines += budget_lines(entry)
     ours_detail = details.get("spark_cnn", {})
     if ours_detail.get("batch_size"):
         lines.append(f"  spark_cnn: batch size {ours_detail['batch_size']}, mean batch "
@@ -87,17 +91,37 @@ def table(entry: dict) -> str:
 
 
 def beyond_decoding_lines(entry: dict) -> list[str]:
-    """For the near-free model: each spark_cnn variant's CPU per image beyond decoding (its total less the limit's
-    decode on one core), what the framework costs a host; with the sidecar decoding, what a GPU host pays
-    besides nvJPEG."""
+    """For the near-free model or a simulated device: each spark_cnn variant's CPU per image beyond decoding (its
+    total less the limit's decode on one core), what the framework costs a host; with the sidecar decoding, what a
+    GPU host pays besides nvJPEG."""
     limit = entry.get("details", {}).get("limit", {})
     cpu = entry.get("cpu_ms_per_image", {})
-    if entry["model"] != IDENTITY_MODEL or not limit.get("decode_per_s_one_core"):
+    near_free = entry["model"] == IDENTITY_MODEL or entry["model"].startswith(SIM_PREFIX)
+    if not near_free or not limit.get("decode_per_s_one_core"):
         return []
     decode_ms = 1000 / limit["decode_per_s_one_core"]
     return [f"  {variant}: {cpu[variant]['total'] - decode_ms:.2f} CPU ms per image beyond decoding "
             f"({cpu[variant]['total']:.2f} - {decode_ms:.2f})"
             for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT) if (cpu.get(variant) or {}).get("total")]
+
+
+def budget_lines(entry: dict) -> list[str]:
+    """A GPU node's CPU budget per variant (bench/device_budget.py): CPU per image beyond decoding by process,
+    and cores per 1k images/s in all and for the framework alone, against the target."""
+    budgets = entry.get("device_budget") or {}
+    if not budgets:
+        return []
+    kinds = [k for k in KINDS if any(k in b["beyond_decoding_ms_per_image"] for b in budgets.values())]
+    lines = [f"  {'beyond decoding, ms/img':24s} {'decode in':>13s} " + " ".join(f"{k:>13s}" for k in kinds)
+             + f" {'cores/1k img/s':>15s} {'framework':>10s}"]
+    for variant, b in budgets.items():
+        beyond = b["beyond_decoding_ms_per_image"]
+        lines.append(f"  {variant:24s} {b['decode_place']:>13s} "
+                     + " ".join(f"{beyond[k]:13.2f}" if k in beyond else f"{'':13s}" for k in kinds)
+                     + f" {b['cores_per_1k_img_s']:15.2f} {b['framework_cores_per_1k_img_s']:10.2f}"
+                     + f"  (<= {b['framework_target_ms_per_image']}: "
+                     + ("met" if b["framework_target_met"] else "MISSED") + ")")
+    return lines
 
 
 def cpu_lines(entry: dict) -> list[str]:

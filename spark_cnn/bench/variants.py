@@ -10,9 +10,13 @@ so its memory is its own and nothing it starts outlives it unnoticed.
   framework costs a host that feeds a fast device (issue 17).
 - ray_data, daft: the peers users pick instead of Spark, each as its documentation shows batch inference
   (bench/peers.py; optional packages, skipped with one line when missing).
+- a simulated device (`sim:CURVE`, models/simulated.py) runs spark_cnn and spark_cnn_sidecar_decode only: a
+  device's latency per batch behind the whole pipeline, costing the host no CPU; what the two paths spend per image
+  beyond decoding is what a GPU host's framework costs (bench/device_budget.py).
 - limit: decode alone on one core and the model alone (1 and all threads), combined into the best rate the
   machine's cores allow for the whole pipeline (see `pipeline_limit`). For the near-free model (`identity`, a
-  TorchScript file: bench/tiny.py) the model is not measured: the limit is the decode-only rate of the cores.
+  TorchScript file: bench/tiny.py) and a simulated device the model is not measured: the limit is the
+  decode-only rate of the cores.
 
 The two Spark baselines run as a user's job would: a SparkSession with Spark's defaults and the binaryFile
 source; spark_cnn runs its classify job with its own session settings (spark/session.py).
@@ -78,6 +82,8 @@ class VariantTask:
     measure_model: bool = True  # limit only: False for a near-free model, whose limit is decoding alone
     task: str = "classify"  # or "detect": a torchvision detection builder
     output: str | None = None  # keep the measured run's rows here (Parquet folder); None: a temporary folder
+    batch_size: int | None = None  # spark_cnn variants: the sidecar's batch size; None: auto (tuned)
+    decode: str | None = None  # spark_cnn variants without a place of their own: where to decode; None: auto
 
 
 class MeasuredWindow:
@@ -326,12 +332,15 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
     from spark_cnn.spark.session import spark_session
     from spark_cnn.task.launcher import stop_sidecars
 
+    place = decode if decode != "auto" else (task.decode or decode)  # a variant's own place, else the task's
     workdir = tempfile.mkdtemp(prefix="scnb-")
     spark = spark_session(master=MASTER, app_name=f"bench-{task.variant}", quiet=True)
     try:
         def job(folder: str, out: str) -> dict:
             config = ClassifyConfig(input=folder, output=out,
-                                    inference=InferenceOptions(ModelSpec(task.model, task.weights), decode=decode),
+                                    inference=InferenceOptions(ModelSpec(task.model, task.weights),
+                                                               decode=place,
+                                                               batch_size=task.batch_size),
                                     master=MASTER,
                                     quiet=True)
             return (detect if task.task == "detect" else classify)(config, spark=spark)

@@ -17,7 +17,9 @@ def register(commands) -> None:
     parser.add_argument("--models", nargs="+",
                         help=f"torchvision models, or identity: a near-free model whose limit is decoding alone; a "
                         f"detection model (e.g. ssdlite320_mobilenet_v3_large) runs spark_cnn against "
-                        f"predict_batch_udf on images of several shapes (default: {' '.join(DEFAULT_MODELS)})")
+                        f"predict_batch_udf on images of several shapes; sim:CURVE (sim:resnet50-h200, "
+                        f"sim:2.8+0.107n) is a simulated device: the two spark_cnn paths against a device's latency, "
+                        f"with cores per 1k img/s (default: {' '.join(DEFAULT_MODELS)})")
     parser.add_argument("--images", type=int, help="images per variant (default: enough for 24 s at the limit rate)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS),
                         help=f"which variants to run (default: all but {SIDECAR_DECODE_VARIANT}, the job with "
@@ -55,10 +57,15 @@ def _check_models(models: tuple[str, ...]) -> None:
 
     from spark_cnn.bench.variants import IDENTITY_MODEL
     from spark_cnn.errors import ConfigError
+    from spark_cnn.models.device_curve import SIM_PREFIX, parse_curve
 
     known = (set(torchvision.models.list_models(module=torchvision.models))
              | set(torchvision.models.list_models(module=torchvision.models.detection)) | {IDENTITY_MODEL})
-    unknown = [m for m in models if m not in known]
+    for model in models:
+        if model.startswith(SIM_PREFIX):
+            parse_curve(model[len(SIM_PREFIX):])  # a ConfigError naming the forms a simulated device takes
+    unknown = [m for m in models if m not in known and not m.startswith(SIM_PREFIX)]
     if unknown:
         raise ConfigError(f"--models {' '.join(unknown)}: not torchvision classification or detection models "
-                          f"(e.g. mobilenet_v3_small, resnet18, ssdlite320_mobilenet_v3_large) nor {IDENTITY_MODEL}")
+                          f"(e.g. mobilenet_v3_small, resnet18, ssdlite320_mobilenet_v3_large) nor {IDENTITY_MODEL} "
+                          f"nor {SIM_PREFIX}CURVE")

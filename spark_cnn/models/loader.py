@@ -49,6 +49,10 @@ def build_module(source: str, weights: str | None = None, weights_enum: str | No
         if not weights:
             raise ModelError(f"--model {source}: an MLflow model needs its resolved model file")
         return load_mlflow_file(weights, source).eval()
+    if kind == "simulated":
+        from spark_cnn.models.simulated import simulated_module
+
+        return simulated_module(source).eval()
     if kind == "timm":
         from spark_cnn.models.timm_models import timm_module
 

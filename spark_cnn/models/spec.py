@@ -13,6 +13,7 @@ from typing import Any
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.imaging.sizing import SizeRule
+from spark_cnn.models.device_curve import SIM_PREFIX, parse_curve
 from spark_cnn.models.factory_code import factory_code_digest
 from spark_cnn.models.weights import NAME, RANDOM, TIMM_PRETRAINED, weights_kind
 
@@ -28,10 +29,13 @@ DEFAULT_TOP_K = 5
 
 
 def model_kind(source: str) -> str:
-    """'timm' for `timm:NAME`, 'mlflow' for an MLflow model URI or directory, 'torchscript' for a file, 'factory'
-    for `module:callable`, else 'torchvision' (a model name)."""
+    """'timm' for `timm:NAME`, 'simulated' for `sim:CURVE` (a simulated device, models/simulated.py), 'mlflow' for
+    an MLflow model URI or directory, 'torchscript' for a file, 'factory' for `module:callable`, else 'torchvision'
+    (a model name)."""
     if source.startswith(TIMM_PREFIX):
         return "timm"
+    if source.startswith(SIM_PREFIX):
+        return "simulated"
     if source.startswith(MLFLOW_SCHEMES) or os.path.isfile(os.path.join(source, MLMODEL_FILE)):
         return "mlflow"
     if source.endswith(TORCHSCRIPT_SUFFIXES) or os.path.isfile(source):
@@ -46,15 +50,16 @@ class ModelSpec:
     """A model as the user names it.
 
     `source` is a torchvision classification model name (`resnet50`), a TorchScript file (`model.pt`),
-    `package.module:factory` returning an `nn.Module`, a timm model (`timm:resnet50.a1_in1k`, the `timm` extra),
-    or an MLflow PyTorch model (`models:/NAME/VERSION`, `models:/NAME@ALIAS`, `runs:/RUN_ID/PATH` or a local
-    MLflow model directory, the `mlflow` extra). `weights` is an optional state_dict file, loaded with
-    `weights_only=True`; for a torchvision model also torchvision's weights by name (`DEFAULT`, `IMAGENET1K_V2`,
-    `ResNet50_Weights.IMAGENET1K_V2`) or `random` (its random initialisation, asked for); for a timm model
-    `DEFAULT` (timm's pretrained weights for that name and tag) or `random`; an MLflow model carries its own.
-    `preprocessing` overrides some or all fields of the model's preprocessing, which is what the named weights
-    (or timm's data config) bring, else what the model declares (attribute `spark_cnn_preprocessing`), else the
-    torchvision default; give a dict of `Preprocessing` fields or a whole `Preprocessing`.
+    `package.module:factory` returning an `nn.Module`, a timm model (`timm:resnet50.a1_in1k`, the `timm` extra), or
+    an MLflow PyTorch model (`models:/NAME/VERSION`, `models:/NAME@ALIAS`, `runs:/RUN_ID/PATH` or a local MLflow
+    model directory, the `mlflow` extra), or a simulated device (`sim:resnet50-h200`, `sim:2.8+0.107n`: a classifier
+    that takes a device's time per batch without using the CPU, models/simulated.py). `weights` is an optional
+    state_dict file, loaded with `weights_only=True`; for a torchvision model also torchvision's weights by name
+    (`DEFAULT`, `IMAGENET1K_V2`, `ResNet50_Weights.IMAGENET1K_V2`) or `random` (its random initialisation, asked
+    for); for a timm model `DEFAULT` (timm's pretrained weights for that name and tag) or `random`; an MLflow model
+    carries its own. `preprocessing` overrides some or all fields of the model's preprocessing, which is what the
+    named weights (or timm's data config) bring, else what the model declares (attribute `spark_cnn_preprocessing`),
+    else the torchvision default; give a dict of `Preprocessing` fields or a whole `Preprocessing`.
 
     >>> ModelSpec("mobilenet_v3_small").kind
     'torchvision'
@@ -85,6 +90,9 @@ class ModelSpec:
         if self.weights is not None and kind is None:
             raise ConfigError(f"--weights {self.weights}: no such file (nor a torchvision weights name such as "
                               "DEFAULT)")
+        if self.kind == "simulated" and self.weights is not None:
+            raise ConfigError(f"--weights {self.weights}: the simulated device {self.source} has no weights; drop "
+                              "--weights")
         if self.kind == "mlflow" and self.weights is not None:
             raise ConfigError(f"--weights {self.weights}: the MLflow model {self.source} carries its own weights; "
                               "drop --weights")
@@ -196,6 +204,8 @@ def _check_source(source: str, kind: str) -> None:
     """The syntax of timm and MLflow sources, so a typo stops here, not in a child process or a task."""
     if kind == "timm" and not source[len(TIMM_PREFIX):].strip():
         raise ConfigError(f"--model {source}: name the timm model, e.g. timm:resnet50 or timm:resnet50.a1_in1k")
+    if kind == "simulated":
+        parse_curve(source[len(SIM_PREFIX):])  # a ConfigError naming the forms it takes
     if kind == "mlflow" and source.startswith(MLFLOW_SCHEMES) and not _MLFLOW_URI.match(source):
         raise ConfigError(f"--model {source}: not an MLflow model URI; expected models:/NAME/VERSION, "
                           "models:/NAME@ALIAS, models:/MODEL_ID or runs:/RUN_ID/PATH")

@@ -23,6 +23,7 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.dense_heads import DetectionPredictor, SegmentationPredictor
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.loader import build_module
+from spark_cnn.models.simulated import takes_raw_pixels
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.tracing import FX_GATE
@@ -165,6 +166,9 @@ class ModelRunner:
             module = module.to(memory_format=torch.channels_last)
         if not self.cuda:
             guard_vector_math(module)  # silu & co. at full speed on the CPU (models/vector_math_guard.py)
+        # A simulated device normalises "on the device": pixels reach it as uint8, and the host pays nothing
+        # per image for a conversion a GPU sidecar would not make on its CPU (models/simulated.py).
+        self.normalises = not takes_raw_pixels(module)
         if options.compile:
             module = torch.compile(module)
         if endpoint.task == "detect":
@@ -240,7 +244,8 @@ class ModelRunner:
                 stream = torch.cuda.current_stream(self.device)
                 stream.wait_event(staged.ready)
                 pixels.record_stream(stream)  # the caching allocator must not reuse it before compute is done
-            images = normalise(pixels, self.endpoint.preprocessing)
+            images = (normalise(pixels, self.endpoint.preprocessing) if self.normalises
+                      else pixels.permute(0, 3, 1, 2))
             if self.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
             # Labels leave as int32, the reply's type (task/schema.py): half the bytes of torch's int64 to copy.
