@@ -27,13 +27,7 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.tracing import FX_GATE
 from spark_cnn.models.vector_math_guard import guard_vector_math
-from spark_cnn.sidecar.fault_injection import (
-    INJECT_MODEL_FAULT_ENV,
-    INJECT_OOM_ENV,
-    injected_model_fault,
-    injected_oom_above_rows,
-    model_fault_error,
-)
+from spark_cnn.sidecar.fault_injection import with_injected_faults
 from spark_cnn.task.protocol import ErrorKind, SizedImages
 from spark_cnn.task.run_options import RunOptions
 from spark_cnn.task.schema import RAW, layout_of, task_reply_schema
@@ -184,13 +178,6 @@ class ModelRunner:
         # The embedding hook keeps per-call state: one forward at a time then. Otherwise forwards may run side
         # by side (the CPU sidecar's compute threads); the precision probe runs only on CUDA, with one thread.
         self._lock = threading.Lock() if endpoint.embeddings else contextlib.nullcontext()
-        self._oom_above = injected_oom_above_rows()  # a test's fault injection; None in real use
-        self._model_fault = injected_model_fault()  # likewise
-        if self._model_fault is not None:
-            log.warning("fault injection on (%s=%s): every forward fails", INJECT_MODEL_FAULT_ENV, self._model_fault)
-        if self._oom_above is not None:
-            log.warning("fault injection on (%s): batches of more than %d rows fail with out-of-memory",
-                        INJECT_OOM_ENV, self._oom_above)
 
     @property
     def precision(self) -> str:
@@ -226,10 +213,6 @@ class ModelRunner:
 
     def forward(self, staged: Staged) -> Pending:
         """Normalise, run the model and its heads; start copying the outputs back without waiting."""
-        if self._oom_above is not None and len(staged.pixels) > self._oom_above:
-            raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
-        if self._model_fault is not None:
-            raise model_fault_error(self._model_fault)
         if not self.cuda:
             flush_denormals()  # this thread's flag, set where the forward runs; cheap
         if isinstance(staged.pixels, SizedImages):
@@ -334,7 +317,7 @@ class ModelRegistry:
             runner = self._runners.get(key)
             if runner is not None:
                 return runner, False
-            runner = ModelRunner(endpoint, self.device, options)
+            runner = with_injected_faults(ModelRunner(endpoint, self.device, options))  # a test's faults, when set
             self._runners[key] = runner
             return runner, True
 
