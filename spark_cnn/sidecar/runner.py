@@ -27,7 +27,6 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.tracing import FX_GATE
 from spark_cnn.models.vector_math_guard import guard_vector_math
-from spark_cnn.sidecar.fault_injection import with_injected_faults
 from spark_cnn.task.protocol import ErrorKind, SizedImages
 from spark_cnn.task.run_options import RunOptions
 from spark_cnn.task.schema import RAW, layout_of, task_reply_schema
@@ -299,36 +298,3 @@ def _host_rows(rows: list[torch.Tensor]) -> np.ndarray:
     for i, row in enumerate(rows):
         held[i] = _host_array(row)
     return held
-
-
-class ModelRegistry:
-    """Runners by (endpoint fingerprint, model-changing options); each is loaded once, by the first asker."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._runners: dict[tuple, ModelRunner] = {}
-        self._lock = threading.Lock()
-
-    def get(self, endpoint: Endpoint, options: RunOptions | None = None) -> tuple[ModelRunner, bool]:
-        """The runner for `endpoint` with `options`, and whether this call loaded it."""
-        options = options or RunOptions()
-        key = (endpoint.fingerprint, *options.model_key())
-        with self._lock:
-            runner = self._runners.get(key)
-            if runner is not None:
-                return runner, False
-            runner = with_injected_faults(ModelRunner(endpoint, self.device, options))  # a test's faults, when set
-            self._runners[key] = runner
-            return runner, True
-
-    def drop(self, runners: list[ModelRunner]) -> None:
-        """Forget these runners (no service runs them any more): their models are freed, and loaded again if
-        asked for later."""
-        gone = {id(runner) for runner in runners}
-        with self._lock:
-            for key in [key for key, runner in self._runners.items() if id(runner) in gone]:
-                del self._runners[key]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._runners)
