@@ -1,7 +1,9 @@
 """Fault injection for reliability tests: off unless an environment variable of the sidecar turns it on.
 
 Job options cannot set any of these: a sidecar inherits them only from the environment of the process that
-starts it (a test's). Unset (the default), nothing changes; the sidecar logs a warning when one is set.
+starts it (a test's). Unset (the default), nothing changes; the sidecar logs a warning when one is set. The
+forward faults wrap a runner once, where models load (`with_injected_faults`), so the forward path itself never
+checks them.
 
 - `SPARK_CNN_INJECT_OOM_ABOVE_ROWS=N`: every device batch of more than N rows fails with the device's
   out-of-memory error before the model runs, as a GPU too small for that batch would. The sidecar then halves
@@ -17,10 +19,15 @@ starts it (a test's). Unset (the default), nothing changes; the sidecar logs a w
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import signal
 
+import torch
+
 from spark_cnn.errors import ConfigError
+
+log = logging.getLogger("spark_cnn.sidecar")
 
 INJECT_OOM_ENV = "SPARK_CNN_INJECT_OOM_ABOVE_ROWS"
 INJECT_MODEL_FAULT_ENV = "SPARK_CNN_INJECT_MODEL_FAULT"
@@ -60,6 +67,42 @@ def model_fault_error(fault: str) -> RuntimeError:
     if fault == "sticky":
         return RuntimeError(f"{STICKY_FAULT_TEXT} (injected by {INJECT_MODEL_FAULT_ENV})")
     return RuntimeError(f"the model failed (injected by {INJECT_MODEL_FAULT_ENV})")
+
+
+def with_injected_faults(runner):
+    """`runner` itself when no forward fault is set (real use), else a wrapper whose forward fails as set."""
+    oom_above, fault = injected_oom_above_rows(), injected_model_fault()
+    if oom_above is None and fault is None:
+        return runner
+    if fault is not None:
+        log.warning("fault injection on (%s=%s): every forward fails", INJECT_MODEL_FAULT_ENV, fault)
+    if oom_above is not None:
+        log.warning("fault injection on (%s): batches of more than %d rows fail with out-of-memory",
+                    INJECT_OOM_ENV, oom_above)
+    return FaultInjectingRunner(runner, oom_above, fault)
+
+
+class FaultInjectingRunner:
+    """A ModelRunner whose forward fails as the injection variables say; everything else is the runner's own."""
+
+    def __init__(self, runner, oom_above: int | None, fault: str | None):
+        self._runner = runner
+        self._oom_above = oom_above
+        self._fault = fault
+
+    def __getattr__(self, name: str):
+        return getattr(self._runner, name)
+
+    def forward(self, staged):
+        if self._oom_above is not None and len(staged.pixels) > self._oom_above:
+            raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
+        if self._fault is not None:
+            raise model_fault_error(self._fault)
+        return self._runner.forward(staged)
+
+    def run(self, pixels):
+        """The runner's three stages, through the failing forward."""
+        return self.download(self.forward(self.upload(pixels)))
 
 
 def injected_start_faults() -> list[str]:

@@ -28,13 +28,6 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.models.tensors import flush_denormals, normalise
 from spark_cnn.models.tracing import FX_GATE
 from spark_cnn.models.vector_math_guard import guard_vector_math
-from spark_cnn.sidecar.fault_injection import (
-    INJECT_MODEL_FAULT_ENV,
-    INJECT_OOM_ENV,
-    injected_model_fault,
-    injected_oom_above_rows,
-    model_fault_error,
-)
 from spark_cnn.task.protocol import ErrorKind, SizedImages
 from spark_cnn.task.run_options import RunOptions
 from spark_cnn.task.schema import RAW, layout_of, task_reply_schema
@@ -188,13 +181,6 @@ class ModelRunner:
         # The embedding hook keeps per-call state: one forward at a time then. Otherwise forwards may run side
         # by side (the CPU sidecar's compute threads); the precision probe runs only on CUDA, with one thread.
         self._lock = threading.Lock() if endpoint.embeddings else contextlib.nullcontext()
-        self._oom_above = injected_oom_above_rows()  # a test's fault injection; None in real use
-        self._model_fault = injected_model_fault()  # likewise
-        if self._model_fault is not None:
-            log.warning("fault injection on (%s=%s): every forward fails", INJECT_MODEL_FAULT_ENV, self._model_fault)
-        if self._oom_above is not None:
-            log.warning("fault injection on (%s): batches of more than %d rows fail with out-of-memory",
-                        INJECT_OOM_ENV, self._oom_above)
 
     @property
     def precision(self) -> str:
@@ -230,10 +216,6 @@ class ModelRunner:
 
     def forward(self, staged: Staged) -> Pending:
         """Normalise, run the model and its heads; start copying the outputs back without waiting."""
-        if self._oom_above is not None and len(staged.pixels) > self._oom_above:
-            raise torch.OutOfMemoryError(f"out of memory (injected by {INJECT_OOM_ENV} at {len(staged.pixels)} rows)")
-        if self._model_fault is not None:
-            raise model_fault_error(self._model_fault)
         if not self.cuda:
             flush_denormals()  # this thread's flag, set where the forward runs; cheap
         if isinstance(staged.pixels, SizedImages):
@@ -321,36 +303,3 @@ def _host_rows(rows: list[torch.Tensor]) -> np.ndarray:
     for i, row in enumerate(rows):
         held[i] = _host_array(row)
     return held
-
-
-class ModelRegistry:
-    """Runners by (endpoint fingerprint, model-changing options); each is loaded once, by the first asker."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._runners: dict[tuple, ModelRunner] = {}
-        self._lock = threading.Lock()
-
-    def get(self, endpoint: Endpoint, options: RunOptions | None = None) -> tuple[ModelRunner, bool]:
-        """The runner for `endpoint` with `options`, and whether this call loaded it."""
-        options = options or RunOptions()
-        key = (endpoint.fingerprint, *options.model_key())
-        with self._lock:
-            runner = self._runners.get(key)
-            if runner is not None:
-                return runner, False
-            runner = ModelRunner(endpoint, self.device, options)
-            self._runners[key] = runner
-            return runner, True
-
-    def drop(self, runners: list[ModelRunner]) -> None:
-        """Forget these runners (no service runs them any more): their models are freed, and loaded again if
-        asked for later."""
-        gone = {id(runner) for runner in runners}
-        with self._lock:
-            for key in [key for key, runner in self._runners.items() if id(runner) in gone]:
-                del self._runners[key]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._runners)

@@ -39,7 +39,7 @@ FIXED_BATCH = RunOptions(batch_size=BATCH_SIZE)  # the batch size each client as
 # The bound for the whole test, sidecar start included.
 LOAD_BOUND_S = 120.0
 # Growth of the sidecar's resident memory over the load, above its size after the first request. The design
-# bound (server.MAX_REQUESTS_PER_CONNECTION x 16 connections x 3 rows x 12 KB = 19 MB, plus the queue's
+# bound (connection.MAX_REQUESTS_PER_CONNECTION x 16 connections x 3 rows x 12 KB = 19 MB, plus the queue's
 # 8 batches x 64 rows x 12 KB = 6 MB, plus batches being computed and Python's allocator slack) is ~40 MB;
 # all requests are 16 x 1,000 x 2 rows x 12 KB = 393 MB.
 RSS_GROWTH_BOUND_MB = 150.0

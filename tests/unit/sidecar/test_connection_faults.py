@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from spark_cnn.sidecar.server import Connection, SidecarServer, SidecarSettings
+from spark_cnn.sidecar.connection import Connection
+from spark_cnn.sidecar.server import SidecarServer, SidecarSettings
 from spark_cnn.task import protocol
 from spark_cnn.task.protocol import ErrorKind, Kind
 from spark_cnn.task.run_options import RunOptions
@@ -90,20 +91,21 @@ def test_services_no_connection_uses_are_evicted_with_their_threads_and_model(tm
     idle_s = 60.0
     server = SidecarServer(_settings(tmp_path, service_idle_s=idle_s))
     gone_user, staying_user = object(), object()
-    evicted = server.service_for(endpoint, user=gone_user)
-    kept = server.service_for(endpoint, RunOptions(batch_size=3), user=staying_user)
+    services = server.services
+    evicted = services.service_for(endpoint, user=gone_user)
+    kept = services.service_for(endpoint, RunOptions(batch_size=3), user=staying_user)
     server.job_started("job-1", evicted)
-    assert server._registry and evicted is not kept
+    assert services.loaded_models() and evicted is not kept
 
     server.connection_closed(gone_user)
-    assert server.evict_idle(now=time.monotonic() + idle_s / 2) == 0  # not idle for long enough yet
-    assert server.evict_idle(now=time.monotonic() + idle_s) == 1
+    assert services.evict_idle(now=time.monotonic() + idle_s / 2) == 0  # not idle for long enough yet
+    assert services.evict_idle(now=time.monotonic() + idle_s) == 1
 
     assert not any(thread.is_alive() for thread in evicted._threads)
     assert all(thread.is_alive() for thread in kept._threads)
-    assert "job-1" not in server._job_services  # the job no longer pins the dropped service
-    assert len(server._registry) == 1  # the model stays: the batch-size-3 service runs it too
+    assert services.job_service("job-1") is None  # the job no longer pins the dropped service
+    assert services.loaded_models() == 1  # the model stays: the batch-size-3 service runs it too
     server.connection_closed(staying_user)
-    assert server.evict_idle(now=time.monotonic() + idle_s) == 1
-    assert len(server._registry) == 0
-    assert server.service_for(endpoint) is not evicted  # asked again: loaded again
+    assert services.evict_idle(now=time.monotonic() + idle_s) == 1
+    assert services.loaded_models() == 0
+    assert services.service_for(endpoint) is not evicted  # asked again: loaded again

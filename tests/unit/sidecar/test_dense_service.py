@@ -15,6 +15,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.models.tiny_dense import TINY_DETECTOR, TINY_SEGMENTER, tiny_detector, tiny_segmenter
 from spark_cnn.sidecar.fault_injection import INJECT_OOM_ENV
 from spark_cnn.sidecar.job_stats import JobStats
+from spark_cnn.sidecar.registry import load_runner
 from spark_cnn.sidecar.runner import ModelRunner
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.task.dense_outputs import named_detections
@@ -63,7 +64,7 @@ def test_detections_of_mixed_sizes_are_each_images_own_in_source_pixels(detector
     if oom_above is not None:
         monkeypatch.setenv(INJECT_OOM_ENV, str(oom_above))
     endpoint = resolve_endpoint(ModelSpec(TINY_DETECTOR, detector_weights), task="detect", max_detections=5).endpoint
-    runner = ModelRunner(endpoint, torch.device("cpu"))
+    runner = load_runner(endpoint, torch.device("cpu"))  # with the injected out-of-memory, as the sidecar loads it
     model = tiny_detector()
     model.load_state_dict(torch.load(detector_weights, weights_only=True))
     requests = _requests(0)

@@ -4,16 +4,14 @@ verdict: a cached profile that predicted too slow is marked stale, anything else
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import numpy as np
 import pytest
-import torch
 
 from spark_cnn.perf.calibration import cache_path, device_profile, stale_reason
 from spark_cnn.perf.startpoint import CACHE_DIR_ENV, cached_profile
 from spark_cnn.sidecar.prediction_check import DISAGREE_BOUND, FASTER, SLOWER, SUSTAINED, WINDOW, PredictionCheck
-from spark_cnn.sidecar.server import SidecarServer
+from spark_cnn.sidecar.startup import act_on_verdict
 from tests.unit.perf.test_perf_timemodel import synthetic_profile
 
 PREDICTED = {8: 40.0, 16: 70.0}
@@ -83,8 +81,7 @@ def cached(tmp_path, monkeypatch):
 
 
 def _verdict(source, verdict):
-    server = types.SimpleNamespace(device=torch.device("cpu"), settings=types.SimpleNamespace(threads=1))
-    return SidecarServer._prediction_verdict(server, source, verdict)
+    return act_on_verdict("cpu", 1, source, verdict)
 
 
 def test_a_cached_profile_that_predicted_too_slow_is_marked_stale(cached):

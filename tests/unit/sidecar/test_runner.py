@@ -17,11 +17,11 @@ from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import Endpoint, ModelSpec
 from spark_cnn.models.tensors import normalise
 from spark_cnn.sidecar.job_stats import JobStats
+from spark_cnn.sidecar.registry import ModelRegistry
 from spark_cnn.sidecar.reply import reply_batch
 from spark_cnn.sidecar.runner import (
     MIN_TOP1_AGREEMENT,
     PRECISION_PROBE_IMAGES,
-    ModelRegistry,
     ModelRunner,
     PrecisionProbe,
     is_out_of_memory,
