@@ -33,7 +33,7 @@ from spark_cnn.task.schema import (
     spark_type,
     udf_output_type,
 )
-from spark_cnn.task.stream import InferencePlan, PartitionInference, infer_batches
+from spark_cnn.task.stream import INPUT_COLUMNS, InferencePlan, SidecarCounters, infer_batches
 
 # Each output is a struct, so that every row carries its `error` next to the values (null where fine).
 OUTPUT_TYPES = {output: spark_type(udf_output_type(output)) for output in UDF_OUTPUTS}
@@ -123,26 +123,30 @@ def _udf_function(plan: InferencePlan, output: str, stats):
 
     def run(batches: Iterator[pd.Series]) -> Iterator[pd.DataFrame]:
         inputs = (_as_arrow(batch) for batch in batches)
-        assembler = PartitionInference(plan)
-        for state in infer_batches(plan, inputs, stats, SPARK_TASK):
-            yield output_frame(assembler.assemble(state), output, plan.label_names)
+        counters = SidecarCounters() if stats is not None else None
+        for rows in infer_batches(plan, inputs, SPARK_TASK, counters=counters):
+            yield output_frame(rows, output, plan.label_names)
+        if counters is not None:
+            counters.add_to(stats)
 
     return run
 
 
-def _as_arrow(batch: pd.Series | pd.DataFrame) -> tuple[list[str], pa.Array]:
-    """A pandas UDF batch -> (row names, Arrow image column). Spark hands a struct column over as a DataFrame."""
+def _as_arrow(batch: pd.Series | pd.DataFrame) -> pa.RecordBatch:
+    """A pandas UDF batch -> the (path: row names, content: images) batch infer_batches reads. Spark hands a
+    struct column over as a DataFrame."""
     if isinstance(batch, pd.DataFrame):
         images = pa.Table.from_pandas(batch, preserve_index=False).to_struct_array().combine_chunks()
         names = [origin or f"image {i}" for i, origin in enumerate(batch["origin"])] if "origin" in batch else \
             [f"image {i}" for i in range(len(batch))]
-        return names, images
-    images = pa.array(batch.tolist(), pa.binary())
-    return [f"image {i} of a batch of {len(batch)}" for i in range(len(batch))], images
+    else:
+        images = pa.array(batch.tolist(), pa.binary())
+        names = [f"image {i} of a batch of {len(batch)}" for i in range(len(batch))]
+    return pa.RecordBatch.from_arrays([pa.array(names, pa.string()), images], names=list(INPUT_COLUMNS))
 
 
 def output_frame(rows: pa.RecordBatch, output: str, label_names: tuple[str, ...] | None) -> pd.DataFrame:
-    """The classify output rows of one batch (PartitionInference.assemble) -> the UDF's struct fields."""
+    """The classify output rows of one batch (stream.assemble) -> the UDF's struct fields."""
     columns = [_named_topk(rows.column(name), label_names) if name == "topk" else rows.column(name)
                for name in UDF_OUTPUTS[output]]
     frame = pa.RecordBatch.from_arrays(columns, schema=pa.schema(list(udf_output_type(output))))

@@ -206,42 +206,37 @@ class SidecarClient(Closing):
         self._sock.close()
 
 
-def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | list[bytes] | None]],
+def map_ordered(client: SidecarClient, items: Iterable[tuple[Any, np.ndarray | list[bytes]]],
                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Iterator[tuple[Any, Any]]:
     """Send each item's images with up to `max_in_flight` requests outstanding; yield (key, reply) in order.
 
-    The reply is a RecordBatch of outputs or a RequestFailed for that request. Items with `None` images carry
-    no work and pass through in order with a `None` reply (markers, e.g. the end of a Spark batch). `items` is
-    pulled lazily, so producing the next item (decoding) overlaps with the sidecar's work on earlier ones.
-    `max_in_flight` is capped at the connection's own bound (`client.max_in_flight`, from the sidecar's READY).
+    The reply is a RecordBatch of outputs or a RequestFailed for that request. `items` is pulled lazily, so
+    producing the next item (decoding) overlaps with the sidecar's work on earlier ones. `max_in_flight` is
+    capped at the connection's own bound (`client.max_in_flight`, from the sidecar's READY).
     """
     max_in_flight = max(1, min(max_in_flight, client.max_in_flight))
-    pending: deque[tuple[Any, int | None]] = deque()
+    pending: deque[tuple[Any, int]] = deque()  # (key, request id) in send order, until yielded
     replies: dict[int, Any] = {}
     in_flight = 0
 
     def drain_ready_head() -> Iterator[tuple[Any, Any]]:
-        while pending and (pending[0][1] is None or pending[0][1] in replies):
+        while pending and pending[0][1] in replies:
             key, request_id = pending.popleft()
-            yield key, None if request_id is None else replies.pop(request_id)
+            yield key, replies.pop(request_id)
 
-    for key, pixels in items:
-        if pixels is None:
-            pending.append((key, None))
-        else:
-            while in_flight >= max_in_flight:
-                request_id, reply = client.receive()
-                replies[request_id] = reply
-                in_flight -= 1
-            pending.append((key, client.submit(pixels)))
-            in_flight += 1
+    for key, images in items:
+        while in_flight >= max_in_flight:
+            request_id, reply = client.receive()
+            replies[request_id] = reply
+            in_flight -= 1
+        pending.append((key, client.submit(images)))
+        in_flight += 1
         yield from drain_ready_head()
     while in_flight:
         request_id, reply = client.receive()
         replies[request_id] = reply
         in_flight -= 1
         yield from drain_ready_head()
-    yield from drain_ready_head()
 
 
 def _batches(frame: protocol.Frame) -> int:

@@ -7,6 +7,11 @@ per input row, in input order (each reply row at its input position), with `erro
 failed. Only an image's own fault (undecodable, too large, a guard rail, a request the sidecar refused for its
 input) is a row's error; a model, device or sidecar fault (client.SidecarFault) fails the task, whatever
 `on_error` says, so Spark retries it and the job fails when the retries run out. No torch here: tasks stay light.
+
+The stages, each a function below, in the order a row meets them: `decode_row` -> `request` (rows into requests,
+a row that failed left out) -> submit/receive (client.map_ordered, several requests in flight) -> `receive`
+(a reply as rows) -> `gathered` (each batch's replies, in input order) -> `assemble` (the one place failed rows
+are put back, and the one output check). A `PendingBatch` carries one input batch through them.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -97,16 +103,48 @@ class TaskEnvironment:
     gpu_addresses: Callable[[], Sequence[str]] = _no_gpus
 
 
-@dataclass
-class _BatchState:
-    """One input record batch on its way through the sidecar. `paths` name the rows in error messages (file
-    paths, or row labels where the input has none); `replies` gather (input positions, rows in the reply
-    layout) per request, and for the rows that failed here or got an ERROR instead of a reply."""
+@dataclass(eq=False)  # compared and hashed by identity: one per input batch
+class PendingBatch:
+    """One input batch between its requests and its output rows.
 
-    paths: list[str]
-    carried: dict[str, pa.Array] = field(default_factory=dict)
-    replies: list[tuple[list[int], pa.RecordBatch]] = field(default_factory=list)
+    `paths` (Arrow strings) name the rows: the output's `path`, and the row in error messages (file paths, or row
+    labels where the input has none). `failed` holds the rows that failed before sending, with why, and
+    `sources` each sized image's source (height, width); both are filled while its requests are made, and final
+    once every row is in a request or in `failed`."""
+
+    paths: pa.Array
+    carried: dict[str, pa.Array] = field(default_factory=dict)  # input columns copied to the output (plan.carry)
+    failed: dict[int, str] = field(default_factory=dict)  # row -> why it has no image to send
     sources: dict[int, tuple[int, int]] = field(default_factory=dict)  # sized images: row -> source (h, w)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.paths)
+
+    def name(self, row: int) -> str:
+        """How messages name row `row`."""
+        return str(self.paths[row].as_py())
+
+
+@dataclass(frozen=True)
+class Request:
+    """Which rows of which batch one INFER carries, in the order the sidecar replies to them."""
+
+    batch: PendingBatch
+    rows: list[int]
+
+
+@dataclass
+class SidecarCounters:
+    """The sidecar's counters for the job, read once a partition's last reply is in (`infer_batches` fills
+    `snapshot`); None before that, and for an empty partition, which never starts a sidecar."""
+
+    snapshot: dict | None = None
+
+    def add_to(self, accumulator) -> None:
+        """Add the snapshot to a Spark accumulator of {sidecar: snapshot} (spark/accumulators.py), if any."""
+        if accumulator is not None and self.snapshot is not None:
+            accumulator.add({sidecar_key(self.snapshot): self.snapshot})
 
 
 class PartitionInference:
@@ -125,32 +163,14 @@ class PartitionInference:
         self.stats_in_output = stats_in_output
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        inputs = ((batch.column(INPUT_COLUMNS[0]).to_pylist(), batch.column(INPUT_COLUMNS[1]), batch)
-                  for batch in batches)
-        if not self.stats_in_output:
-            for state in infer_batches(self.plan, inputs, self.stats, self.environment):
-                yield self.assemble(state)
+        counters = SidecarCounters() if self.stats_in_output or self.stats is not None else None
+        outputs = infer_batches(self.plan, batches, self.environment, counters=counters)
+        if self.stats_in_output:
+            yield from stats_on_last_batch(outputs, counters)
             return
-        snapshots: list[dict] = []
-        states = infer_batches(self.plan, inputs, _Collected(snapshots), self.environment)
-        yield from stats_on_last_batch((self.assemble(state) for state in states), snapshots)
-
-    def assemble(self, state: _BatchState) -> pa.RecordBatch:
-        """The classify output rows of one input batch: every reply row at its input position (place_rows
-        checks one row per input row), with `path`, `label_name` (classes) and the carried columns added."""
-        endpoint = self.plan.endpoint
-        replies = place_rows(state.replies, len(state.paths), _reply_schema(self.plan))
-        schema = task_output_schema(endpoint.task, **layout_of(endpoint))
-        columns = dict(zip(replies.schema.names, replies.columns, strict=True))
-        columns["path"] = pa.array(state.paths, pa.string())
-        if endpoint.task != "classify":
-            columns = dense_output_columns(endpoint.task, columns, state.sources, self.plan.label_names)
-        elif "label_name" in schema.names:  # a raw output has no classes to name
-            columns["label_name"] = class_names(columns["label"], self.plan.label_names)
-        for name, values in state.carried.items():
-            schema = schema.append(pa.field(name, values.type))
-            columns[name] = values
-        return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+        yield from outputs
+        if counters is not None:
+            counters.add_to(self.stats)
 
 
 SIDECAR_STATS_COLUMN = "_sidecar_stats"
@@ -161,19 +181,9 @@ def with_stats_column(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field(SIDECAR_STATS_COLUMN, pa.string()))
 
 
-class _Collected:
-    """An accumulator stand-in that keeps the snapshots a task adds."""
-
-    def __init__(self, snapshots: list[dict]):
-        self._snapshots = snapshots
-
-    def add(self, update: dict) -> None:
-        self._snapshots.extend(update.values())
-
-
-def stats_on_last_batch(batches: Iterator[pa.RecordBatch], snapshots: list[dict]) -> Iterator[pa.RecordBatch]:
-    """`batches` with SIDECAR_STATS_COLUMN added: JSON of the last of `snapshots` (filled by the time `batches`
-    ends) on the first row of the last non-empty batch, null elsewhere. That batch is held back until then."""
+def stats_on_last_batch(batches: Iterator[pa.RecordBatch], counters: SidecarCounters) -> Iterator[pa.RecordBatch]:
+    """`batches` with SIDECAR_STATS_COLUMN added: JSON of `counters.snapshot` (filled by the time `batches` ends)
+    on the first row of the last non-empty batch, null elsewhere. That batch is held back until then."""
     held = None
     for rows in batches:
         if rows.num_rows == 0:
@@ -183,7 +193,8 @@ def stats_on_last_batch(batches: Iterator[pa.RecordBatch], snapshots: list[dict]
             yield _stats_on_first_row(held, None)
         held = rows
     if held is not None:
-        yield _stats_on_first_row(held, json.dumps(snapshots[-1]) if snapshots else None)
+        snapshot = counters.snapshot
+        yield _stats_on_first_row(held, json.dumps(snapshot) if snapshot is not None else None)
 
 
 def _stats_on_first_row(rows: pa.RecordBatch, stats: str | None) -> pa.RecordBatch:
@@ -195,20 +206,25 @@ def _reply_schema(plan: InferencePlan) -> pa.Schema:
     return task_reply_schema(plan.endpoint.task, **layout_of(plan.endpoint))
 
 
-def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Array]], stats_accumulator=None,
-                  environment: TaskEnvironment = TaskEnvironment()) -> Iterator[_BatchState]:
-    """Stream input batches (row names, image column) through this executor's sidecar; one state per batch.
+# --- the stages: decode_row -> request -> submit/receive (client.map_ordered) -> receive -> assemble -----------
 
-    The image column is binary (files: decoded here, or by the sidecar when `plan.decode` says so; with
-    `auto` the sidecar says which in its READY) or decoded pixels (Spark image structs or rows, NumPy arrays:
-    always resized here). An empty partition never starts a sidecar. Shared by mapInArrow (PartitionInference)
-    and the pandas UDF.
+def infer_batches(plan: InferencePlan, inputs: Iterable[pa.RecordBatch],
+                  environment: TaskEnvironment = TaskEnvironment(), *, counters: SidecarCounters | None = None
+                  ) -> Iterator[pa.RecordBatch]:
+    """Stream input batches through this executor's sidecar: one batch of output rows per input batch, in order.
+
+    Each input batch has INPUT_COLUMNS (path: row names; content: the images) and, as the input has them, `size`
+    (listed files), height/width/channels (decoded pixels) and the columns `plan.carry` copies. `content` is
+    binary (files: decoded here, or by the sidecar when `plan.decode` says so; with `auto` the sidecar says which
+    in its READY) or decoded pixels (Spark image structs or rows, NumPy arrays: always resized here). An empty
+    partition never starts a sidecar. With `counters`, the sidecar's counters for the job are read into it once
+    the last reply is in. Shared by mapInArrow (PartitionInference) and the pandas UDF.
     """
     inputs = iter(inputs)
     first = next(inputs, None)
     if first is None:
         return
-    pixels_given = pa.types.is_struct(first[1].type) or plan.encoding not in FILE_ENCODINGS
+    pixels_given = pa.types.is_struct(first.column(INPUT_COLUMNS[1]).type) or plan.encoding not in FILE_ENCODINGS
     # Decoded pixels never go as files; nor do images at their own sizes, which only the tasks make.
     decode = "task" if pixels_given or plan.endpoint.sized else plan.decode
     endpoint = plan.endpoint.localised(environment.shipped_file)
@@ -228,97 +244,159 @@ def infer_batches(plan: InferencePlan, inputs: Iterator[tuple[list[str], pa.Arra
         if (pixels_given or plan.endpoint.sized) and client.decode != "task":
             raise SidecarError(f"the sidecar agreed to decode in {client.decode!r}, but the tasks make these images "
                                "(decoded pixels, or images at their own sizes)")
-        work = _work_items(plan, itertools.chain([first], inputs), decode_here=client.decode == "task")
-        for (state, rows), reply in map_ordered(client, work, plan.max_in_flight):
-            if rows is None:
-                yield state
-            elif isinstance(reply, RequestFailed):  # the request's own input: its rows carry the error
-                if plan.on_error == "fail":
-                    raise SidecarError(f"{state.paths[rows[0]]} (and {len(rows) - 1} more): {reply}")
-                state.replies.append((rows, failed_rows([str(reply)] * len(rows), _reply_schema(plan))))
-            elif not isinstance(reply, pa.RecordBatch):  # a model, device or sidecar fault is never a row
-                raise SidecarError(f"unexpected reply {reply!r} for {state.paths[rows[0]]}; the task fails")
-            else:
-                _take_reply(plan, state, rows, reply)
-        if stats_accumulator is not None:
-            snapshot = client.stats(plan.job_id)
-            stats_accumulator.add({sidecar_key(snapshot): snapshot})
+        decode_here = client.decode == "task"
+        begun: deque[PendingBatch] = deque()  # batches whose requests are being made, in input order
+
+        def requests() -> Iterator[tuple[Request, object]]:
+            for batch in itertools.chain([first], inputs):
+                pending = pending_batch(plan, batch)
+                begun.append(pending)
+                yield from request(plan, pending, batch, decode_here=decode_here)
+
+        replies = ((sent, receive(plan, sent, reply))
+                   for sent, reply in map_ordered(client, requests(), plan.max_in_flight))
+        for pending, parts in gathered(replies, begun):
+            yield assemble(plan, pending, parts)
+        if counters is not None:
+            counters.snapshot = client.stats(plan.job_id)
 
 
-def _take_reply(plan: InferencePlan, state: _BatchState, rows: list[int], reply: pa.RecordBatch) -> None:
-    """Keep one request's reply, its rows in the request's order; with on_error=fail, a failed row ends the task."""
+def pending_batch(plan: InferencePlan, batch: pa.RecordBatch) -> PendingBatch:
+    """An input batch's PendingBatch: its row names (kept in Arrow) and the columns `plan.carry` copies."""
+    paths = batch.column(INPUT_COLUMNS[0])
+    if not paths.type.equals(pa.string()):
+        paths = paths.cast(pa.string())
+    return PendingBatch(paths, {name: batch.column(name) for name in plan.carry})
+
+
+def request(plan: InferencePlan, pending: PendingBatch, batch: pa.RecordBatch, *, decode_here: bool
+            ) -> Iterator[tuple[Request, np.ndarray | list[bytes] | SizedImages]]:
+    """Stage: one input batch's requests, (Request, images) with `plan.request_rows` rows each, decoded lazily so
+    that decoding the next request overlaps the sidecar's work on earlier ones.
+
+    Images are uint8 pixels decoded here (`decode_here`: where the sidecar agreed they decode; always for decoded
+    pixels), or the files themselves. A row that fails here (decode_row's ImageError) goes to `pending.failed`
+    and is never sent; with on_error=fail it ends the task."""
+    contents = batch.column(INPUT_COLUMNS[1])
+    struct = pa.types.is_struct(contents.type)
+    geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
+                if plan.encoding not in FILE_ENCODINGS and "height" in batch.schema.names else None)
+    rows: list[int] = []
+    images: list = []
+    for row, data in _row_data(plan, pending, batch):
+        try:
+            image, source = decode_row(plan, data(), struct=struct, decode_here=decode_here,
+                                       shape=[column[row] for column in geometry] if geometry else [])
+        except ImageError as e:
+            if plan.on_error == "fail":
+                raise ImageError(f"{pending.name(row)}: {e}") from e
+            pending.failed[row] = str(e)
+            continue
+        if source is not None:
+            pending.sources[row] = source
+        rows.append(row)
+        images.append(image)
+        if len(rows) == plan.request_rows:
+            yield Request(pending, rows), _request_images(pending, rows, images, decode_here, plan.endpoint.sized)
+            rows, images = [], []
+    if rows:
+        yield Request(pending, rows), _request_images(pending, rows, images, decode_here, plan.endpoint.sized)
+
+
+def decode_row(plan: InferencePlan, data, *, struct: bool, decode_here: bool, shape: Sequence[int] = ()
+               ) -> tuple[np.ndarray | bytes, tuple[int, int] | None]:
+    """Stage: one row's image as its request carries it, and its source (height, width) when sized by the model's
+    rule (else None). `data` is the row's file bytes or decoded pixels (a Spark image struct with `struct`, or
+    `plan.encoding`'s pixels of `shape`). Raises ImageError for the row's own fault: no image (null),
+    undecodable, over a guard rail."""
+    if data is None:  # a table row without an image: still one output row
+        raise ImageError(NULL_IMAGE)
+    prep, options = plan.endpoint.preprocessing, plan.decode_options
+    pixels_given = plan.encoding not in FILE_ENCODINGS
+    if plan.endpoint.sizing is not None:
+        return _sized(plan, data, struct, pixels_given, list(shape))
+    if struct:
+        return preprocess_image_struct(data, prep, options), None
+    if pixels_given:
+        return preprocess_rgb(decoded_rgb(plan.encoding, data, *shape), prep), None
+    if decode_here:
+        return preprocess_pixels(data, prep, options), None
+    check_file_size(data, options)  # refused here: never sent to the sidecar
+    return data, None
+
+
+def receive(plan: InferencePlan, sent: Request, reply) -> pa.RecordBatch:
+    """Stage: one request's reply as rows in the reply layout: the sidecar's RESULT, or an error row per request
+    row where the sidecar refused the request for its own input. With on_error=fail, a failed row ends the task;
+    a model, device or sidecar fault is never a row (the client raised it already)."""
+    if isinstance(reply, RequestFailed):
+        if plan.on_error == "fail":
+            raise SidecarError(f"{sent.batch.name(sent.rows[0])} (and {len(sent.rows) - 1} more): {reply}")
+        return failed_rows([str(reply)] * len(sent.rows), _reply_schema(plan))
+    if not isinstance(reply, pa.RecordBatch):
+        raise SidecarError(f"unexpected reply {reply!r} for {sent.batch.name(sent.rows[0])}; the task fails")
     if plan.on_error == "fail" and ERROR in reply.schema.names:
-        # A reply of other rows or columns than the request's fails in place_rows, where results are checked.
-        for row, error in zip(rows, reply.column(ERROR).to_pylist(), strict=False):
+        # A reply of other rows or columns than the request's fails in assemble, where results are checked.
+        for row, error in zip(sent.rows, reply.column(ERROR).to_pylist(), strict=False):
             if error is not None:
-                raise ImageError(f"{state.paths[row]}: {error}")
-    state.replies.append((rows, reply))
+                raise ImageError(f"{sent.batch.name(row)}: {error}")
+    return reply
 
 
-def _work_items(plan: InferencePlan, inputs: Iterator[tuple], *, decode_here: bool):
-    """((state, rows), images) per request; then ((state, None), None) to mark the end of each input batch.
-    `inputs` yields (row names, image column[, the whole record batch]); the batch, when given, supplies image
-    geometry (Spark image-source rows) and the columns `plan.carry` copies to the output.
+def gathered(replies: Iterable[tuple[Request, pa.RecordBatch]], begun: deque[PendingBatch]
+             ) -> Iterator[tuple[PendingBatch, list[tuple[list[int], pa.RecordBatch]]]]:
+    """Each batch of `begun` (taken from its left) with its replies (request rows, reply rows), in input order, as
+    soon as every row of it is replied to or failed; a batch that sent nothing follows the one before it.
+    Replies come in request order, so a batch's replies are all in by the time the next batch's come."""
+    parts: dict[PendingBatch, list[tuple[list[int], pa.RecordBatch]]] = {}  # each batch's replies so far
 
-    Images are uint8 pixels decoded here (`decode_here`: where the sidecar agreed they decode; always for
-    decoded pixels), or the files themselves. Rows that fail here join the state, in the reply layout, before
-    the end mark."""
-    prep = plan.endpoint.preprocessing
-    sizing = plan.endpoint.sizing  # images at their own sizes under this rule (detect, segment), else fixed crops
-    decode_options = plan.decode_options
-    pixels_given = plan.encoding not in FILE_ENCODINGS  # decoded pixels (image source, NumPy) never go as files
-    read_here = plan.encoding == LOCAL_FILES  # the source listed the files; their bytes are read here
-    for paths, contents, *whole in inputs:
-        batch = whole[0] if whole else None
-        structs = pa.types.is_struct(contents.type)
-        geometry = ([batch.column(name).to_pylist() for name in ("height", "width", "channels")]
-                    if pixels_given and batch is not None and "height" in batch.schema.names else None)
-        carried = {name: batch.column(name) for name in plan.carry} if batch is not None else {}
-        state = _BatchState(paths, carried)
-        rows: list[int] = []
-        images: list = []
-        failed: list[int] = []
-        errors: list[str] = []
-        reads = _listed_reads(plan, paths, batch) if read_here else None
-        for i, path in enumerate(paths):
-            try:
-                data = next(reads)[1]() if read_here else contents[i].as_py()
-                if data is None:  # a table row without an image: still one output row
-                    raise ImageError(NULL_IMAGE)
-                if sizing is not None:
-                    data, state.sources[i] = _sized(plan, data, structs, pixels_given,
-                                                    [column[i] for column in geometry] if geometry else [])
-                elif structs:
-                    data = preprocess_image_struct(data, prep, decode_options)
-                elif pixels_given:
-                    shape = [column[i] for column in geometry] if geometry else []
-                    data = preprocess_rgb(decoded_rgb(plan.encoding, data, *shape), prep)
-                elif decode_here:
-                    data = preprocess_pixels(data, prep, decode_options)
-                else:
-                    check_file_size(data, decode_options)  # refused here: never sent to the sidecar
-            except ImageError as e:
-                if plan.on_error == "fail":
-                    raise ImageError(f"{path}: {e}") from e
-                failed.append(i)
-                errors.append(str(e))
-                continue
-            rows.append(i)
-            images.append(data)
-            if len(rows) == plan.request_rows:
-                yield (state, rows), _request(state, rows, images, decode_here, sizing is not None)
-                rows, images = [], []
-        if rows:
-            yield (state, rows), _request(state, rows, images, decode_here, sizing is not None)
-        if failed:
-            state.replies.append((failed, failed_rows(errors, _reply_schema(plan))))
-        yield (state, None), None
+    def whole() -> Iterator[tuple[PendingBatch, list]]:
+        while begun and _answered(begun[0], parts.get(begun[0], ())):
+            pending = begun.popleft()
+            yield pending, parts.pop(pending, [])
+
+    for sent, rows in replies:
+        parts.setdefault(sent.batch, []).append((sent.rows, rows))
+        yield from whole()
+    yield from whole()
+    while begun:  # rows lost on the way: assemble says how many, and the task fails
+        pending = begun.popleft()
+        yield pending, parts.pop(pending, [])
 
 
-def _request(state: _BatchState, rows: list[int], images: list, decode_here: bool, sized: bool):
+def _answered(pending: PendingBatch, parts: Iterable[tuple[list[int], pa.RecordBatch]]) -> bool:
+    return len(pending.failed) + sum(len(rows) for rows, _ in parts) >= pending.num_rows
+
+
+def assemble(plan: InferencePlan, pending: PendingBatch, parts: Sequence[tuple[Sequence[int], pa.RecordBatch]]
+             ) -> pa.RecordBatch:
+    """Stage: the output rows of one input batch, and the task's one output check. The rows that failed before
+    sending are put back here, the only place: every reply row and every failed row at its input position
+    (place_rows raises unless there is exactly one row per input row), then `path`, `label_name` (classes), the
+    dense outputs (detect, segment) and the carried columns."""
+    endpoint = plan.endpoint
+    schema = _reply_schema(plan)
+    failed = sorted(pending.failed)
+    if failed:
+        parts = [*parts, (failed, failed_rows([pending.failed[row] for row in failed], schema))]
+    replies = place_rows(parts, pending.num_rows, schema)
+    output = task_output_schema(endpoint.task, **layout_of(endpoint))
+    columns = dict(zip(replies.schema.names, replies.columns, strict=True))
+    columns["path"] = pending.paths
+    if endpoint.task != "classify":
+        columns = dense_output_columns(endpoint.task, columns, pending.sources, plan.label_names)
+    elif "label_name" in output.names:  # a raw output has no classes to name
+        columns["label_name"] = class_names(columns["label"], plan.label_names)
+    for name, values in pending.carried.items():
+        output = output.append(pa.field(name, values.type))
+        columns[name] = values
+    return pa.RecordBatch.from_arrays([columns[name] for name in output.names], schema=output)
+
+
+def _request_images(pending: PendingBatch, rows: list[int], images: list, decode_here: bool, sized: bool):
     """One request's images: SizedImages (each at its own size), stacked fixed crops, or the files."""
     if sized:
-        return SizedImages(images, [state.sources[i] for i in rows])
+        return SizedImages(images, [pending.sources[row] for row in rows])
     return np.stack(images) if decode_here else images
 
 
@@ -335,19 +413,28 @@ def _sized(plan: InferencePlan, data, struct: bool, pixels_given: bool, shape: l
     return sized_rgb(rgb, rule)
 
 
-def _listed_reads(plan: InferencePlan, paths: list[str], batch: pa.RecordBatch | None):
-    """(row, result) per row of a batch of listed files, in order: objects fetched several at a time, ahead of
-    decoding; local files read when their turn comes. A `size` column (the driver's listing) refuses files over
-    --max-file-bytes before any read."""
-    sizes = batch.column("size").to_pylist() if batch is not None and "size" in batch.schema.names else None
+def _row_data(plan: InferencePlan, pending: PendingBatch, batch: pa.RecordBatch
+              ) -> Iterator[tuple[int, Callable[[], object]]]:
+    """(row, data) per row of a batch, in order: `data()` returns the row's content or raises its ImageError.
+    Listed files (LOCAL_FILES) are read here: objects fetched several at a time, ahead of decoding; local files
+    when their turn comes. A `size` column (the driver's listing) refuses files over --max-file-bytes before any
+    read."""
+    if plan.encoding != LOCAL_FILES:
+        contents = batch.column(INPUT_COLUMNS[1])
+        return ((row, functools.partial(_value, contents, row)) for row in range(pending.num_rows))
+    sizes = batch.column("size").to_pylist() if "size" in batch.schema.names else None
 
-    def read(i: int) -> bytes:
-        return read_listed_file(paths[i], plan.decode_options, storage=plan.storage,
-                                size=sizes[i] if sizes is not None else None)
+    def read(row: int) -> bytes:
+        return read_listed_file(pending.name(row), plan.decode_options, storage=plan.storage,
+                                size=sizes[row] if sizes is not None else None)
 
-    if paths and is_store_uri(paths[0]):
-        return prefetched(read, range(len(paths)))
-    return ((i, functools.partial(read, i)) for i in range(len(paths)))
+    if pending.num_rows and is_store_uri(pending.name(0)):
+        return prefetched(read, range(pending.num_rows))
+    return ((row, functools.partial(read, row)) for row in range(pending.num_rows))
+
+
+def _value(column: pa.Array, row: int):
+    return column[row].as_py()
 
 
 def _with_task_device(launch: LaunchOptions, gpu_addresses: Sequence[str]) -> LaunchOptions:

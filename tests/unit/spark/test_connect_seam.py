@@ -13,7 +13,7 @@ from spark_cnn.config import ClassifyConfig, InferenceOptions, check_remote
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.spark.session import is_connect, owns_executors
-from spark_cnn.task.stream import SIDECAR_STATS_COLUMN, stats_on_last_batch, with_stats_column
+from spark_cnn.task.stream import SIDECAR_STATS_COLUMN, SidecarCounters, stats_on_last_batch, with_stats_column
 
 OPTIONS = InferenceOptions(ModelSpec("resnet18"))
 
@@ -52,16 +52,15 @@ def _batch(paths: list[str]) -> pa.RecordBatch:
 
 
 def test_the_partitions_sidecar_counters_ride_on_one_row_of_its_last_non_empty_batch():
-    snapshots: list[dict] = []
+    counters = SidecarCounters()
 
     def partition():  # as infer_batches: the counters arrive once the last batch is out of the sidecar
         yield _batch(["a", "b"])
         yield _batch(["c", "d", "e"])
         yield _batch([])
-        snapshots.append({"host": "h", "pid": 1, "requests": 3})
-        snapshots.append({"host": "h", "pid": 1, "requests": 4})  # a later snapshot of the same job wins
+        counters.snapshot = {"host": "h", "pid": 1, "requests": 4}
 
-    out = list(stats_on_last_batch(partition(), snapshots))
+    out = list(stats_on_last_batch(partition(), counters))
     assert [b.num_rows for b in out] == [2, 0, 3]  # rows unchanged; the last non-empty batch waited for the stats
     assert all(b.schema == with_stats_column(_batch([]).schema) for b in out)
     stats = [v for b in out for v in b.column(SIDECAR_STATS_COLUMN).to_pylist()]
@@ -70,8 +69,8 @@ def test_the_partitions_sidecar_counters_ride_on_one_row_of_its_last_non_empty_b
 
 
 def test_a_partition_without_rows_reports_nothing():
-    assert list(stats_on_last_batch(iter([_batch([])]), []))[0].num_rows == 0
-    assert list(stats_on_last_batch(iter([]), [{"requests": 1}])) == []
+    assert list(stats_on_last_batch(iter([_batch([])]), SidecarCounters()))[0].num_rows == 0
+    assert list(stats_on_last_batch(iter([]), SidecarCounters({"requests": 1}))) == []
 
 
 def test_to_petastorm_refuses_spark_connect_before_a_session_starts(monkeypatch, tmp_path):

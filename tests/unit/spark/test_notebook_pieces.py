@@ -25,7 +25,7 @@ from spark_cnn.spark.frames import inference_options
 from spark_cnn.spark.udf import OUTPUT_TYPES, cnn_udf, output_frame
 from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.schema import failed_rows, output_schema, reply_schema
-from spark_cnn.task.stream import InferencePlan, PartitionInference, _BatchState
+from spark_cnn.task.stream import InferencePlan, PendingBatch, assemble
 
 
 def _struct(rgb: np.ndarray, channels: int = 3) -> dict:
@@ -143,16 +143,15 @@ def _plan(label_names=None, logits=False) -> InferencePlan:
 
 
 def _assembled(label_names=None, logits=False) -> pa.RecordBatch:
-    """Classify output rows of a 3-row batch whose middle row failed, as PartitionInference assembles them from
-    one reply for rows c and a (in that order) and the failed row."""
+    """Classify output rows of a 3-row batch whose middle row failed before sending, as stream.assemble makes them
+    from one reply for rows c and a (in that order)."""
     schema = reply_schema(logits=logits)
     outputs = {"label": np.array([7, 3]), "score": np.array([0.8, 0.9], np.float32),
                "topk_label": np.array([[7, 2], [3, 1]]), "topk_score": np.array([[0.8, 0.2], [0.9, 0.1]], np.float32)}
     if logits:
         outputs["logits"] = np.arange(20, dtype=np.float32).reshape(2, 10)[::-1]
-    state = _BatchState(["a", "b", "c"], replies=[([2, 0], reply_batch(outputs, None, schema)),
-                                                  ([1], failed_rows(["cannot decode image"], schema))])
-    return PartitionInference(_plan(label_names, logits)).assemble(state)
+    pending = PendingBatch(pa.array(["a", "b", "c"]), failed={1: "cannot decode image"})
+    return assemble(_plan(label_names, logits), pending, [([2, 0], reply_batch(outputs, None, schema))])
 
 
 def test_assembled_rows_are_the_classify_output_one_per_input_row():
@@ -161,8 +160,7 @@ def test_assembled_rows_are_the_classify_output_one_per_input_row():
     assert rows.column("path").to_pylist() == ["a", "b", "c"]
     assert rows.column("label_name").to_pylist() == ["three", None, "seven"]
     with pytest.raises(SidecarError, match="2 result rows for 3 input rows"):
-        PartitionInference(_plan()).assemble(_BatchState(["a", "b", "c"], replies=[
-            ([0, 2], failed_rows(["x", "y"], reply_schema()))]))
+        assemble(_plan(), PendingBatch(pa.array(["a", "b", "c"])), [([0, 2], failed_rows(["x", "y"], reply_schema()))])
 
 
 def test_udf_frames_keep_one_row_per_input_and_errors_in_place():
@@ -187,9 +185,8 @@ def test_raw_rows_are_assembled_without_classes_and_become_the_udf_struct():
     plan = InferencePlan(endpoint=endpoint, launch=LaunchOptions(app_id="a"), job_id="j")
     schema = reply_schema(output_kind="raw")
     values = np.arange(12, dtype=np.float32).reshape(2, 2, 3)
-    state = _BatchState(["a", "b", "c"], replies=[([2, 0], reply_batch({"raw": values}, None, schema)),
-                                                  ([1], failed_rows(["cannot decode image"], schema))])
-    rows = PartitionInference(plan).assemble(state)
+    pending = PendingBatch(pa.array(["a", "b", "c"]), failed={1: "cannot decode image"})
+    rows = assemble(plan, pending, [([2, 0], reply_batch({"raw": values}, None, schema))])
     assert rows.schema.equals(output_schema(output_kind="raw"))
     assert rows.column("raw").to_pylist() == [values[1].ravel().tolist(), None, values[0].ravel().tolist()]
     frame = output_frame(rows, "raw", None)
