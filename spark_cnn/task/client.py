@@ -7,6 +7,7 @@ import itertools
 import json
 import select
 import socket
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -33,6 +34,9 @@ REPLY_TIMEOUT_S = 300.0
 DEFAULT_REQUEST_ROWS = 16
 # Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
 DEFAULT_MAX_IN_FLIGHT = 4
+# How often a send held back re-checks its deadline while another thread reads the connection: that thread takes
+# the PROGRESS messages, which move the deadline the sender waits on.
+SEND_POLL_S = 0.1
 
 
 class RequestFailed(SidecarError):
@@ -66,6 +70,8 @@ class SidecarClient(Closing):
         self.timeout_s = timeout_s
         self._ids = itertools.count(1)
         self._early: deque[protocol.Frame] = deque()  # frames read while a send was held back, for _recv
+        # One thread reads frames at a time: a client may send from one thread while another takes its replies.
+        self._reader = threading.Lock()
         self._deadline = ProgressDeadline(timeout_s)  # no PROGRESS before READY: the handshake is timed as a whole
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout_s)
@@ -148,21 +154,28 @@ class SidecarClient(Closing):
         """Send `data`, reading what arrives while the sidecar holds the send back (its queue is full, behind
         other tasks' work): PROGRESS extends the deadline, replies wait in `_early` for `_recv`. Replies are read
         ahead only up to the connection's bound: a client that keeps more unread (one that never takes its
-        replies) is held back by its socket, as the sidecar's backpressure intends, and times out."""
+        replies) is held back by its socket, as the sidecar's backpressure intends, and times out. While another
+        thread is reading the connection (a receiver thread), the send only waits: that thread reads."""
         poll = select.poll()
         poll.register(self._sock, select.POLLOUT)
         while data:
             remaining = self._deadline.remaining()
             if remaining <= 0:
                 raise TimeoutError("no progress while sending")
-            reading = len(self._early) < self.max_in_flight
-            poll.modify(self._sock, select.POLLOUT | (select.POLLIN if reading else 0))
-            events = poll.poll(remaining * 1000)
-            if any(event & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, event in events):
-                self._take(self._read_frame())  # EOF or a reset raises here, as in _recv
+            reading = len(self._early) < self.max_in_flight and self._reader.acquire(blocking=False)
+            try:
+                poll.modify(self._sock, select.POLLOUT | (select.POLLIN if reading else 0))
+                events = poll.poll((remaining if reading else min(remaining, SEND_POLL_S)) * 1000)
+                if reading and any(event & (select.POLLIN | select.POLLHUP | select.POLLERR) for _, event in events):
+                    self._take(self._read_frame())  # EOF or a reset raises here, as in _recv
+            finally:
+                if reading:
+                    self._reader.release()
             if any(event & select.POLLOUT for _, event in events):
-                self._sock.settimeout(max(self._deadline.remaining(), 1e-3))  # non-blocking: a partial send
-                data = data[self._sock.send(data):]
+                try:  # never blocks, and leaves the socket's timeout to the reading thread
+                    data = data[self._sock.send(data, socket.MSG_DONTWAIT):]
+                except (BlockingIOError, InterruptedError):
+                    pass
 
     def _take(self, frame: protocol.Frame) -> None:
         if frame.kind == Kind.PROGRESS:
@@ -175,7 +188,8 @@ class SidecarClient(Closing):
         self._deadline.restart()
         try:
             while True:
-                frame = self._early.popleft() if self._early else self._read_frame()
+                with self._reader:
+                    frame = self._early.popleft() if self._early else self._read_frame()
                 if frame.kind != Kind.PROGRESS:
                     return frame
                 self._deadline.progress(_batches(frame))
