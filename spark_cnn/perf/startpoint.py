@@ -4,7 +4,9 @@ Calibration takes about a minute, too long for the first task of a job to wait f
 a cached device profile (made by `spark-cnn profile` or `calibrate()` on that host). Without one it starts from
 its device default; either way the online tuner then corrects the start from measured batches. A job may hand
 it a profile exported on another host instead (`--device-profile`, profile_file.py); a cached profile a job
-marked stale (its batches ran far from the prediction) is not used until calibration refreshes it.
+marked stale (its batches ran far from the prediction) is not used until calibration refreshes it. A profile
+calibrated on a noisy host is used as any other, its spread widening the tuner's ties: a sidecar never
+calibrates, so noise never stops it from serving.
 """
 
 from __future__ import annotations
@@ -90,4 +92,5 @@ def predicted_start(module: nn.Module, input_shape: tuple[int, int, int], device
     cost = analyse(module, input_shape)
     sizes = [1 << i for i in range(max_size.bit_length()) if 1 << i <= max_size]
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in sizes]
-    return choose_batch_size(curve).batch_size, {p.batch_size: round(p.images_per_s, 1) for p in curve}, source
+    pick = choose_batch_size(curve, noise=profile.tuning_noise).batch_size
+    return pick, {p.batch_size: round(p.images_per_s, 1) for p in curve}, source
