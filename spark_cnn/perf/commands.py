@@ -50,8 +50,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
     profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b), predict_peak_memory_bytes(cost, b))
              for b in sorted(set(batch_sizes))]
-    choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes,
-                               noise=profile.tuning_noise)
+    choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes)
     layers = sorted(predict_layers_ms(cost, profile, choice.batch_size), key=lambda row: -row[1])
     result = {
         "model": spec.source, "weights": weights, "device": profile.key, "input_shape": list(shape),
@@ -218,7 +217,7 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
     cores = cores or (profile.load.get("cores") if device_profile else None) or os.cpu_count() or 1
     _, shape, cost, weights = _model_and_cost(spec)
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in DEFAULT_BATCH_SIZES]
-    choice = choose_batch_size(curve, mode=tuning, noise=profile.tuning_noise)
+    choice = choose_batch_size(curve, mode=tuning)
     decode_per_core = 1000.0 / profile.decode_ms
     if profile.is_cuda:
         decode = choose_decode_place("cuda", gpu_decode_works=True, cores=cores, decode_ms=profile.decode_ms,

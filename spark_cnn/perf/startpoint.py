@@ -5,8 +5,8 @@ a cached device profile (made by `spark-cnn profile` or `calibrate()` on that ho
 its device default; either way the online tuner then corrects the start from measured batches. A job may hand
 it a profile exported on another host instead (`--device-profile`, profile_file.py); a cached profile a job
 marked stale (its batches ran far from the prediction) is not used until calibration refreshes it. A profile
-calibrated on a noisy host is used as any other, its spread widening the tuner's ties: a sidecar never
-calibrates, so noise never stops it from serving.
+calibrated on a noisy host is used as any other (the online tuner corrects its start from measured batches): a
+sidecar never calibrates, so noise never stops it from serving.
 """
 
 from __future__ import annotations
@@ -92,5 +92,4 @@ def predicted_start(module: nn.Module, input_shape: tuple[int, int, int], device
     cost = analyse(module, input_shape)
     sizes = [1 << i for i in range(max_size.bit_length()) if 1 << i <= max_size]
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in sizes]
-    pick = choose_batch_size(curve, noise=profile.tuning_noise).batch_size
-    return pick, {p.batch_size: round(p.images_per_s, 1) for p in curve}, source
+    return choose_batch_size(curve).batch_size, {p.batch_size: round(p.images_per_s, 1) for p in curve}, source

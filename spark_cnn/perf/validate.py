@@ -295,14 +295,14 @@ def compare(model_name: str, cost: ModelCost, profile: DeviceProfile, runs: dict
             "mape_ge8": _mape([p["error"] for p in points if p["batch_size"] >= LARGE_BATCH]),
             "repeatability": {"mean_pct": _mape(between), "max_pct": round(100 * max(between), 2) if between
                               else None, "sweeps": sweeps},
-            "pick": _pick(points, runs, profile.tuning_noise), "allocator": allocator}
+            "pick": _pick(points, runs), "allocator": allocator}
 
 
-def _pick(points: list[dict[str, Any]], runs: dict[int, list[float]], noise: float = 0.0) -> dict[str, Any]:
-    """The tuner's choice from the predicted curve (performance mode, with the profile's tuning noise, as the
-    sidecar starts) against the measured curve: the fraction of the best measured throughput it reaches, from
-    the best of the sweeps and within each sweep on its own."""
-    choice = choose_batch_size([CurvePoint(p["batch_size"], p["predicted_ms"]) for p in points], noise=noise)
+def _pick(points: list[dict[str, Any]], runs: dict[int, list[float]]) -> dict[str, Any]:
+    """The tuner's choice from the predicted curve (performance mode, as the sidecar starts) against the
+    measured curve: the fraction of the best measured throughput it reaches, from the best of the sweeps and
+    within each sweep on its own."""
+    choice = choose_batch_size([CurvePoint(p["batch_size"], p["predicted_ms"]) for p in points])
     measured = {p["batch_size"]: p["batch_size"] / p["measured_ms"] for p in points}
     best = max(measured, key=measured.get)
     fraction = measured[choice.batch_size] / measured[best]

@@ -147,12 +147,6 @@ class DeviceProfile:
         ("forced" in profiles written while that took --allow-noisy-calibration)."""
         return bool(self.repeatability.get("noisy", self.repeatability.get("forced", False)))
 
-    @property
-    def tuning_noise(self) -> float:
-        """The spread the tuner treats as ties (tuner.choose_batch_size's `noise`): a noisy calibration's;
-        0.0 for one that repeated within its bound, whose picks the tuner's own tolerance was sized on."""
-        return self.spread if self.noisy else 0.0
-
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 

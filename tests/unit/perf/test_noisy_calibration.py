@@ -17,7 +17,6 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.perf import commands
 from spark_cnn.perf.calibration import DeviceProfile, NoisyCalibration, cache_path, device_profile
 from spark_cnn.perf.calibration.repeatability import REPEAT_BOUND, REPEAT_PASSES, judge_passes, repeat_passes
-from spark_cnn.perf.tuner import MAX_NOISE_TOLERANCE, PERFORMANCE_TOLERANCE, CurvePoint, choose_batch_size
 from tests.unit.perf.test_perf_timemodel import synthetic_profile
 
 BUSY = {"cores": 2, "loadavg_start": 1.0, "loadavg_end": 1.3, "steal_share": 0.0, "others_cpu_share": 0.01,
@@ -79,7 +78,6 @@ def test_a_noisy_host_gets_a_calibration_with_its_spread_and_one_warning_line(no
         profile = device_profile.calibrate("cpu", threads=1, cache_dir=str(tmp_path), refresh=True)
     assert profile.noisy and profile.spread == pytest.approx(0.111)
     assert profile.repeatability["passes"] == REPEAT_PASSES and profile.repeatability["attempts"] == 2
-    assert profile.tuning_noise == profile.spread
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert "11.1%" in warnings[0] and "+-11.1%" in warnings[0] and "--strict" in warnings[0]
@@ -113,10 +111,10 @@ def test_a_profile_file_from_before_the_spread_still_reads_and_a_forced_one_coun
     del data["spread"]
     old = DeviceProfile.from_json(json.dumps(data))
     assert old.spread == 0.0 and old.noisy
-    assert not synthetic_profile().noisy and synthetic_profile(spread=0.05).tuning_noise == 0.0
+    assert not synthetic_profile().noisy
 
 
-# --- the spread in the prediction and the pick --------------------------------------------------------------------
+# --- the spread in the prediction, the flags ----------------------------------------------------------------------
 
 def test_profile_points_carry_the_calibrations_spread_and_the_report_says_so(monkeypatch):
     noisy = synthetic_profile(load=BUSY, spread=0.12,
@@ -128,15 +126,6 @@ def test_profile_points_carry_the_calibrations_spread_and_the_report_says_so(mon
         assert p["predicted_ms_high"] == pytest.approx(1.12 * p["predicted_ms"], abs=1e-3)
     report = commands.profile_report(result)
     assert "+-12.0%" in report and "KEPT ALTHOUGH NOISY" in report and "--strict" in report
-
-
-def test_a_noisy_calibration_widens_the_tuners_ties_but_never_past_five_percent():
-    curve = [CurvePoint(1, 10.0), CurvePoint(8, 41.0), CurvePoint(16, 79.0)]  # 8 is 3.7% below 16
-    assert choose_batch_size(curve).batch_size == 16
-    assert choose_batch_size(curve, noise=0.12).batch_size == 8
-    far = [CurvePoint(8, 42.0), CurvePoint(16, 79.0)]  # 6% below: not a tie at any noise
-    assert choose_batch_size(far, noise=0.5).batch_size == 16
-    assert PERFORMANCE_TOLERANCE < MAX_NOISE_TOLERANCE <= 0.05
 
 
 def test_strict_reaches_calibrate_and_the_old_flag_is_accepted_with_a_deprecation_line(monkeypatch, capsys):
