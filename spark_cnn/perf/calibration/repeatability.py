@@ -38,7 +38,7 @@ MIN_POINTS = 4
 # Only calls this short are kept: repeating them is cheap, and the tensors they keep alive are small.
 SAMPLE_MAX_CALL_S = 0.005
 # Timings of the sample when the first repeat disagrees with the tables: the median of five ignores two passes
-# that a burst of other work hit, and a pass of at most SAMPLE_POINTS short calls takes about a second.
+# that a burst of other work hit, and a pass costs at most 16 benchmarks x 11 calls of under 5 ms (about 1 s).
 REPEAT_PASSES = 5
 # A calibration that disagrees with itself is run once more before it is kept as noisy (or refused, when
 # strict): a passing burst of work on the host should not need the user.
