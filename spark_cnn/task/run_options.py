@@ -12,8 +12,12 @@ DECODE_PLACES = ("task", "sidecar", "gpu")
 # `auto`: the sidecar picks a place from its device, the decode cost and the model's rate (perf/placement.py)
 DECODE_AUTO = "auto"
 DECODE_CHOICES = (DECODE_AUTO, *DECODE_PLACES)
-# A job's --decode: auto, since the right place depends on the sidecar's device, which only the sidecar knows.
+# A job's --decode (config, InferencePlan): auto, since the right place depends on the sidecar's device, which only
+# the sidecar knows.
 DEFAULT_DECODE_PLACE = DECODE_AUTO
+# Where a connection's images decode when its HELLO names no place: in the tasks, the client sending pixels. What
+# clients that predate the field did, and what a probe or benchmark client that sends pixels means; not a job default.
+PIXELS_DECODE_PLACE = "task"
 
 
 def parse_batch_size(text: str) -> int | None:
