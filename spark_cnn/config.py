@@ -1,4 +1,8 @@
-"""Job configuration as frozen, validated data. CLI flags (and later YAML presets) only fill these."""
+"""Job configuration as frozen, validated data. CLI flags, YAML presets and `spark.cnn.*` settings only fill these.
+
+Each option is declared here once, as a field (`spark_cnn.options.option`): its default, help, choices and
+parsing; the flags, preset keys, `spark.cnn.*` keys and docs/options.md are generated from these declarations.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,23 @@ import functools
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.formats.petastorm import DEFAULT_JPEG_QUALITY, WRITE_CODECS
-from spark_cnn.imaging.limits import DEFAULT_DECODE, DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, DecodeOptions
+from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
+from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.options import check_choices, nested, option, same_as
 from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_ROWS, REPLY_TIMEOUT_S
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
-from spark_cnn.task.object_store import StorageOptions
-from spark_cnn.task.run_options import DECODE_CHOICES, RunOptions
+from spark_cnn.task.object_store import OPTION_KEYS, StorageOptions
+from spark_cnn.task.run_options import (  # noqa: F401  (parse_batch_size: re-exported for the commands)
+    DECODE_CHOICES,
+    DEFAULT_DECODE_PLACE,
+    RunOptions,
+    parse_batch_size,
+)
 from spark_cnn.task.schema import CLASSES, OUTPUT_KINDS, RAW, TASKS
 
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -25,22 +36,21 @@ TABLE_FORMATS = ("parquet", "petastorm")  # a table with an image column
 INPUT_FORMATS = ("auto", *FILE_FORMATS, *TABLE_FORMATS)
 # Output columns a job may partition its Parquet by: small, repeated values (never paths, scores or vectors).
 PARTITION_COLUMNS = ("label", "label_name", "true_label")
+# The commands that write classes, and so have the classification heads' flags (etl classifies).
+CLASS_COMMANDS = ("classify", "etl")
 
 
-# Field metadata read by the CLI's option table (cli/resolution.py). NESTED: the field holds another options
-# dataclass whose own fields are options, under their flat names (flags, preset keys and spark.cnn.* keys stay
-# flat: --batch-size fills ClassifyConfig.inference.batch_size). OPTION_NAME: the flat name when it is not the
-# field's own (InputOptions.format is --input-format).
-NESTED = "spark_cnn.nested"
-OPTION_NAME = "spark_cnn.option"
-# COMMAND_ONLY: set by the command that runs (detect and segment set `task`; detect has --min-score and
-# --max-detections), so never a preset key or spark.cnn.* setting of a command without that flag.
-COMMAND_ONLY = "spark_cnn.command_only"
+def storage_pairs(text) -> tuple[tuple[str, str], ...]:
+    """`k=v[,k=v...]` (or several such texts, or (k, v) pairs) -> ((k, v), ...): --storage-option's parsing."""
+    return StorageOptions.parse(text).pairs
 
 
-def nested(default=MISSING):
-    """A dataclass field holding nested options (see NESTED)."""
-    return field(default=default, metadata={NESTED: True})
+storage_pairs.accepts_mapping = True  # a preset may give the pairs as a YAML mapping (resolution.convert)
+
+
+def floats(text: str) -> tuple[float, ...]:
+    """`0.5,0.5,0.5` -> (0.5, 0.5, 0.5): per-channel values."""
+    return tuple(float(v) for v in text.split(","))
 
 
 @dataclass(frozen=True)
@@ -55,17 +65,26 @@ class InputOptions:
     task/object_store.py), given as `KEY=VALUE` texts or a mapping; the driver's listing and the tasks use them.
     """
 
-    format: str = field(default="auto", metadata={OPTION_NAME: "input_format"})
-    glob: str | None = None
-    image_column: str | None = None
-    path_column: str | None = None
-    label_column: str | None = None
-    storage_options: tuple[tuple[str, str], ...] = ()
+    format: str = option("auto", name="input_format", group="input", choices=INPUT_FORMATS,
+                         help="auto: petastorm if INPUT has a Unischema, parquet if it holds only .parquet files, "
+                              "else images; image = Spark's image data source")
+    glob: str | None = option(None, group="input",
+                              help="only image files whose name matches, e.g. '*.jpg' or '*.{jpg,png}'")
+    image_column: str | None = option(None, group="input",
+                                      help="parquet/petastorm: the image column (default: the only one)")
+    path_column: str | None = option(None, group="input", help="parquet/petastorm: the row id written as `path` "
+                                                               "(default: a column named path, id, ...; else file#row)")
+    label_column: str | None = option(None, group="input",
+                                      help="parquet/petastorm: the true class (name or index), for accuracy")
+    storage_options: tuple[tuple[str, str], ...] = option(
+        (), group="input", flag="--storage-option", parse=storage_pairs, metavar="KEY=VALUE", repeatable=True,
+        help="object-store inputs (s3://, gs://, abfs://, az://, hdfs://): a setting for the driver's listing and "
+             "the tasks' reads, over the store's own credential chain; repeatable. Keys: "
+             f"{', '.join(OPTION_KEYS)} (e.g. endpoint=http://127.0.0.1:9000, region=eu-west-1, anonymous=true)")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage_options", StorageOptions.parse(self.storage_options).pairs)
-        if self.format not in INPUT_FORMATS:
-            raise ConfigError(f"--input-format {self.format}: expected one of {', '.join(INPUT_FORMATS)}")
+        check_choices(self)
         if self.glob is not None and (not self.glob or "/" in self.glob):
             raise ConfigError(f"--glob {self.glob!r}: expected a file-name pattern such as '*.jpg' (no '/')")
         table_only = [f"--{name.replace('_', '-')}" for name in ("image_column", "path_column", "label_column")
@@ -78,6 +97,53 @@ class InputOptions:
             raise ConfigError(f"--glob applies to image files, not --input-format {self.format}")
 
 
+# The classifier a job runs when none is named: a small torchvision model that runs on a CPU. detect's and
+# segment's defaults are small models of their kind, for the same reason.
+DEFAULT_MODEL = "resnet50"
+DENSE_DEFAULT_MODELS = (("detect", "fasterrcnn_mobilenet_v3_large_320_fpn"), ("segment", "lraspp_mobilenet_v3_large"))
+PREPROCESSING_OPTIONS = ("resize", "crop", "interpolation", "mean", "std")
+# The commands with preprocessing flags (a detector takes images as they are), and those that crop (classifiers).
+PREPROCESSING_COMMANDS = ("classify", "embed", "etl", "segment")
+CROP_COMMANDS = ("classify", "embed", "etl")
+_PREPROCESSING = {"group": "model", "commands": PREPROCESSING_COMMANDS, "command_only": True}
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """The model as options name it; `value()` is the ModelSpec a job runs (InferenceOptions.model).
+    Preprocessing options left out keep the model's own, decided when the model is resolved.
+
+    >>> ModelOptions("resnet18", crop=200).value()
+    ModelSpec(source='resnet18', weights=None, preprocessing={'crop': 200})
+    """
+
+    model: str = option(DEFAULT_MODEL, group="model", default_for=DENSE_DEFAULT_MODELS,
+                        help="torchvision model name, TorchScript file, module:factory, timm:NAME[.TAG] (the timm "
+                             "extra), or an MLflow PyTorch model: models:/NAME/VERSION, models:/NAME@ALIAS, "
+                             "runs:/RUN_ID/PATH or a local MLflow model directory (the mlflow extra)")
+    weights: str | None = option(None, group="model",
+                                 help="state_dict file (loaded with weights_only=True); for a torchvision model also "
+                                      "its weights by name (DEFAULT, IMAGENET1K_V2, ResNet50_Weights.IMAGENET1K_V2: "
+                                      "from TORCH_HOME's cache, else downloaded once); for a timm model DEFAULT "
+                                      "(timm's pretrained weights); or random")
+    resize: int | None = option(None, **_PREPROCESSING,
+                                help="shorter side before cropping (default: the weights' or the model's, else 256); "
+                                     "segment: the shorter side an image is sent at (default: the weights', "
+                                     "else 520)")
+    crop: int | None = option(None, group="model", commands=CROP_COMMANDS, command_only=True,
+                              help="centre crop size (default: the weights' or the model's, else 224)")
+    interpolation: str | None = option(None, **_PREPROCESSING, choices=INTERPOLATIONS,
+                                       help="resize filter (default: the weights' or the model's, else bilinear)")
+    mean: tuple[float, ...] | None = option(None, **_PREPROCESSING, parse=floats, metavar="R,G,B",
+                                            help="normalisation mean (default: the weights', else ImageNet)")
+    std: tuple[float, ...] | None = option(None, **_PREPROCESSING, parse=floats, metavar="R,G,B",
+                                           help="normalisation std (default: the weights', else ImageNet)")
+
+    def value(self) -> ModelSpec:
+        prep = {k: getattr(self, k) for k in PREPROCESSING_OPTIONS if getattr(self, k) is not None}
+        return ModelSpec(self.model, weights=self.weights, preprocessing=prep or None)
+
+
 @dataclass(frozen=True)
 class InferenceOptions:
     """Which model runs and how: shared by the jobs (ClassifyConfig.inference), `spark_cnn.classify(df)`,
@@ -88,33 +154,58 @@ class InferenceOptions:
     32
     """
 
-    model: ModelSpec
-    labels: str | Sequence[str] | None = None
-    top_k: int | None = None
-    logits: bool = False
-    embeddings: bool = False
-    layer: str | None = None  # embeddings from this module's output instead of the last Linear's input
-    output_kind: str = CLASSES  # --output: classes, or raw (the model's one output tensor, task/schema.py)
-    batch_size: int | None = None
-    device: str = "auto"
-    precision: str = "auto"
-    channels_last: bool | None = None
-    compile: bool = False
-    decode: str = "auto"
-    threads: int | None = None
-    on_error: str = "record"
-    request_rows: int = DEFAULT_REQUEST_ROWS
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    request_timeout_s: float = REPLY_TIMEOUT_S  # no reply nor batch completed for this long: hung, replaced
-    device_profile: str | None = None  # an exported device profile (file) the sidecars start from
-    # classify | detect | segment (task/schema.py TASKS): what the model must compute
-    task: str = field(default="classify", metadata={COMMAND_ONLY: True})
-    min_score: float = field(default=0.0, metadata={COMMAND_ONLY: True})  # detect: drop boxes scoring less
-    # detect: keep at most this many boxes per image (None: the model's own limit)
-    max_detections: int | None = field(default=None, metadata={COMMAND_ONLY: True})
+    model: ModelSpec = nested(via=ModelOptions)
+    labels: str | Sequence[str] | None = option(
+        None, group="model", commands=(*CLASS_COMMANDS, "detect", "segment"),
+        help="class names, one per line, in class-index order (default: the named torchvision weights' "
+             "categories, or timm's pretrained label names)")
+    top_k: int | None = option(None, group="model", commands=CLASS_COMMANDS,
+                               help="classes to keep per image (default: min(5, classes))")
+    logits: bool = option(False, group="output", commands=CLASS_COMMANDS, help="add the logits column")
+    embeddings: bool = option(False, group="output", commands=CLASS_COMMANDS,
+                              help="add the embedding column (last layer's input)")
+    layer: str | None = option(None, group="model", commands=("embed",),
+                               help="module whose output is the embedding (a name from the model's named_modules(), "
+                                    "e.g. layer4; averaged over space; default: the input of the last Linear layer)")
+    output_kind: str = option(CLASSES, group="output", commands=CLASS_COMMANDS, flag="--output", metavar="KIND",
+                              choices=OUTPUT_KINDS,
+                              help="classes: label, score, top-k; raw: the model's one output tensor per image as "
+                                   "`raw` (array<float>, row-major) and `shape` (array<int>), for any model that is "
+                                   "not a classifier")
+    batch_size: int | None = same_as(RunOptions, "batch_size")
+    device: str = option("auto", help="auto | cpu | cuda | cuda:N")
+    precision: str = same_as(RunOptions, "precision")
+    channels_last: bool | None = same_as(RunOptions, "channels_last")
+    compile: bool = same_as(RunOptions, "compile")
+    decode: str = option(DEFAULT_DECODE_PLACE, choices=DECODE_CHOICES,
+                         help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG); auto: "
+                              "the sidecar picks from its device, the decode cost and the model's predicted rate")
+    threads: int | None = option(None, help="torch CPU threads per compute thread of a CPU sidecar (default: half "
+                                            "the cores; up to two compute threads cover the cores)")
+    on_error: str = option("record", choices=ON_ERROR_CHOICES,
+                           help="an unreadable image: record it in the error column, or fail the job")
+    request_rows: int = option(DEFAULT_REQUEST_ROWS, commands=(), help="rows per request a task sends its sidecar")
+    max_in_flight: int = option(DEFAULT_MAX_IN_FLIGHT, commands=(),
+                                help="requests a task keeps unanswered at its sidecar")
+    idle_timeout_s: float = option(DEFAULT_IDLE_TIMEOUT_S, commands=(),
+                                   help="seconds a sidecar with no connection waits before it exits")
+    max_pixels: int = same_as(DecodeOptions, "max_pixels")
+    max_file_bytes: int = same_as(DecodeOptions, "max_file_bytes")
+    request_timeout_s: float = option(REPLY_TIMEOUT_S, flag="--request-timeout", metavar="SECONDS",
+                                      help="a sidecar that neither answers a request nor completes any batch for "
+                                           "this long is stopped and the task retried; waiting behind other tasks' "
+                                           "batches does not count")
+    device_profile: str | None = option(None, metavar="FILE",
+                                        help="a device profile exported with `spark-cnn profile --export` (on a host "
+                                             "of the executors' device): the sidecars start their batch size from it "
+                                             "instead of their own cached profile")
+    # classify | detect | segment (task/schema.py TASKS): what the model must compute; set by the command
+    task: str = option("classify", commands=(), command_only=True, help="what the model computes (the command)")
+    min_score: float = option(0.0, group="model", commands=("detect",), command_only=True,
+                              help="drop boxes scoring less (0: keep all the model keeps)")
+    max_detections: int | None = option(None, group="model", commands=("detect",), command_only=True,
+                                        help="keep at most this many boxes per image, best first (default: the "
+                                             "model's limit)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
@@ -125,8 +216,7 @@ class InferenceOptions:
             if not names:
                 raise ConfigError("labels is empty: give a file of class names or a non-empty list of names")
             object.__setattr__(self, "labels", names)
-        if self.output_kind not in OUTPUT_KINDS:
-            raise ConfigError(f"--output {self.output_kind}: expected one of {', '.join(OUTPUT_KINDS)}")
+        check_choices(self)
         if self.output_kind == RAW:
             asked = (("--labels", self.labels is not None), ("--top-k", self.top_k is not None),
                      ("--logits", self.logits), ("--embeddings", self.embeddings))
@@ -138,13 +228,10 @@ class InferenceOptions:
             raise ConfigError(f"--layer {self.layer} picks the embedding layer; it needs embeddings")
         if not DEVICE_PATTERN.match(self.device):
             raise ConfigError(f"--device {self.device}: expected auto, cpu, cuda or cuda:N")
-        check_on_error(self.on_error)
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"--top-k {self.top_k}: expected a positive integer")
         if self.request_rows < 1 or self.max_in_flight < 1:
             raise ConfigError("request rows and requests in flight must be positive")
-        if self.decode not in DECODE_CHOICES:
-            raise ConfigError(f"--decode {self.decode}: expected one of {', '.join(DECODE_CHOICES)}")
         if self.decode == "gpu" and self.device == "cpu":
             raise ConfigError("--decode gpu needs a CUDA device; drop --device cpu or decode in the tasks")
         if self.threads is not None and self.threads < 1:
@@ -231,11 +318,6 @@ def check_remote(master: str | None, remote: str | None) -> None:
                           "of them")
 
 
-def check_on_error(on_error: str) -> None:
-    if on_error not in ON_ERROR_CHOICES:
-        raise ConfigError(f"--on-error {on_error}: expected one of {', '.join(ON_ERROR_CHOICES)}")
-
-
 @dataclass(frozen=True)
 class ClassifyConfig:
     """Everything `spark-cnn classify` (and embed) needs: paths, the input, the model and how it runs
@@ -247,16 +329,19 @@ class ClassifyConfig:
     (3, 'auto')
     """
 
-    input: str
-    output: str
+    input: str = option(metavar="INPUT", help="folder of images (searched recursively), path or URI")
+    output: str = option(metavar="OUTPUT", help="Parquet output directory, path or URI")
     inference: InferenceOptions = nested()
     inputs: InputOptions = nested(InputOptions())
-    master: str | None = None
-    summary: str | None = None
-    partition_by: str | None = None
-    overwrite: bool = False
-    quiet: bool = False
-    remote: str | None = None
+    master: str | None = option(None, help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
+    summary: str | None = option(None, group="output", help="also write the JSON summary here")
+    partition_by: str | None = option(None, group="output", commands=(*CLASS_COMMANDS, "embed"),
+                                      choices=PARTITION_COLUMNS, help="partition the Parquet output by this column")
+    overwrite: bool = option(False, group="output", help="replace OUTPUT if it exists")
+    quiet: bool = option(False, group="output", help="print nothing but errors")
+    remote: str | None = option(None, metavar="sc://HOST:PORT",
+                                help="run on this Spark Connect server (default: SPARK_REMOTE when set, as pyspark "
+                                     "reads it)")
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -266,19 +351,10 @@ class ClassifyConfig:
             raise ConfigError("OUTPUT is empty: give a path for the Parquet output")
         if not isinstance(self.inference, InferenceOptions):
             raise ConfigError(f"inference must be InferenceOptions, got {type(self.inference).__name__}")
-        if self.partition_by is not None and self.partition_by not in PARTITION_COLUMNS:
-            raise ConfigError(f"--partition-by {self.partition_by}: expected one of {', '.join(PARTITION_COLUMNS)}")
+        check_choices(self)
         if self.inference.output_kind == RAW and self.partition_by in ("label", "label_name"):
             raise ConfigError(f"--partition-by {self.partition_by}: --output raw writes no classes; partition by "
                               "true_label or not at all")
-
-def parse_batch_size(text: str) -> int | None:
-    if text == "auto":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"--batch-size {text}: expected auto or a positive integer") from None
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
@@ -315,10 +391,18 @@ class EtlConfig:
     """`spark-cnn etl`: the classify options plus where the stream keeps its progress."""
 
     classify: ClassifyConfig = nested()
-    checkpoint: str = ""
-    max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER
-    max_bytes_per_trigger: int = DEFAULT_MAX_BYTES_PER_TRIGGER
-    settle_s: float = field(default=DEFAULT_SETTLE_S, metadata={OPTION_NAME: "settle_seconds"})
+    # Not required by the parser: a preset or spark.cnn.checkpoint may give it; __post_init__ insists on it.
+    checkpoint: str = option("", group="incremental", metavar="DIR",
+                             help="where the stream remembers which images are done (keep it with OUTPUT; required)")
+    max_files_per_trigger: int = option(DEFAULT_MAX_FILES_PER_TRIGGER, group="incremental", metavar="N",
+                                        help="images per micro-batch: a killed run redoes at most one batch")
+    max_bytes_per_trigger: int = option(DEFAULT_MAX_BYTES_PER_TRIGGER, group="incremental", metavar="SIZE",
+                                        parse=byte_size, default_text=f"{DEFAULT_MAX_BYTES_PER_TRIGGER >> 30}g",
+                                        help="bytes of input per micro-batch, e.g. 2g: large photos end a batch "
+                                             "before --max-files-per-trigger does")
+    settle_s: float = option(DEFAULT_SETTLE_S, name="settle_seconds", group="incremental", metavar="S",
+                             help="take a file only once nothing has changed it for S seconds, so a copy in "
+                                  "progress waits for the next run; 0: take every file at once")
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -356,25 +440,24 @@ class PetastormConfig:
     """Everything `spark-cnn to-petastorm` needs: images in (any input format, read as the classify job reads
     them, under the same decode guard rails), a Petastorm dataset out."""
 
-    input: str
-    output: str
+    input: str = option(metavar="INPUT", help="image folder, Parquet table or Petastorm dataset")
+    output: str = option(metavar="OUTPUT", help="the Petastorm dataset directory to write, path or URI")
     inputs: InputOptions = nested(InputOptions())
     decode_options: DecodeOptions = nested(DEFAULT_DECODE)
-    codec: str = WRITE_CODECS[0]
-    jpeg_quality: int = DEFAULT_JPEG_QUALITY
-    row_group_mb: int = DEFAULT_ROW_GROUP_MB
-    master: str | None = None
-    on_error: str = "record"
-    overwrite: bool = False
-    quiet: bool = False
+    codec: str = option(WRITE_CODECS[0], group="output", choices=WRITE_CODECS,
+                        help="how images are stored: png (lossless), jpeg, or ndarray (raw RGB arrays)")
+    jpeg_quality: int = option(DEFAULT_JPEG_QUALITY, group="output", help="with --codec jpeg: 1..100")
+    row_group_mb: int = option(DEFAULT_ROW_GROUP_MB, group="output", help="Parquet row group size in MiB")
+    master: str | None = same_as(ClassifyConfig, "master")
+    on_error: str = same_as(InferenceOptions, "on_error")
+    overwrite: bool = same_as(ClassifyConfig, "overwrite")
+    quiet: bool = same_as(ClassifyConfig, "quiet")
 
     def __post_init__(self) -> None:
         if not self.input or not self.output:
             raise ConfigError("INPUT and OUTPUT must both be given")
-        if self.codec not in WRITE_CODECS:
-            raise ConfigError(f"--codec {self.codec}: expected one of {', '.join(WRITE_CODECS)}")
+        check_choices(self)
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError(f"--jpeg-quality {self.jpeg_quality}: expected 1..100")
         if self.row_group_mb < 1:
             raise ConfigError(f"--row-group-mb {self.row_group_mb}: expected a positive number of MiB")
-        check_on_error(self.on_error)

@@ -53,22 +53,6 @@ def private_device_cache():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def noisy_calibration_allowed():
-    """Calibrations in tests keep a run whose repeated sample disagrees (recorded as forced) instead of refusing
-    it: the shared test host is rarely quiet. The refusal itself is tested with injected runs
-    (tests/unit/perf/test_perf_profile_trust.py)."""
-    from spark_cnn.perf.calibration import ALLOW_NOISY_ENV
-
-    previous = os.environ.get(ALLOW_NOISY_ENV)
-    os.environ[ALLOW_NOISY_ENV] = "1"
-    yield
-    if previous is None:
-        os.environ.pop(ALLOW_NOISY_ENV, None)
-    else:
-        os.environ[ALLOW_NOISY_ENV] = previous
-
-
-@pytest.fixture(scope="session", autouse=True)
 def private_runtime_dir():
     """Sidecar sockets and files of this run in their own 0700 directory (sidecars and Spark workers inherit it),
     so concurrent runs on one machine never see each other's sidecars."""

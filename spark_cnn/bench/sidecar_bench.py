@@ -37,7 +37,7 @@ from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
 from spark_cnn.task.procs import ExecutorProcess, process_id
 from spark_cnn.task.protocol import SizedImages
-from spark_cnn.task.run_options import RunOptions
+from spark_cnn.task.run_options import PIXELS_DECODE_PLACE, RunOptions
 
 # Distinct images the clients cycle through: enough that no cache makes repeats free.
 BENCH_IMAGES = 32
@@ -60,7 +60,7 @@ class SidecarBenchConfig:
     request_size: int = 1
     batch_size: int | None = None  # the `on` target; None: the sidecar's choice for its device
     device: str = "auto"
-    decode: str = "task"
+    decode: str = PIXELS_DECODE_PLACE  # clients send pixels, as the tasks do
     precision: str = "auto"
     channels_last: bool | None = None
     compile: bool = False

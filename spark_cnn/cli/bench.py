@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from spark_cnn.cli.common import write_json
-from spark_cnn.task.run_options import DECODE_PLACES, PRECISIONS
+from spark_cnn.task.run_options import DECODE_PLACES, PIXELS_DECODE_PLACE, PRECISIONS
 
 
 def register(commands) -> None:
@@ -17,7 +17,7 @@ def register(commands) -> None:
     parser.add_argument("--request-size", type=int, default=1, help="images per request (default 1)")
     parser.add_argument("--batch-size", default="auto", help="target batch with batching on: auto or N")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--decode", default="task", choices=DECODE_PLACES,
+    parser.add_argument("--decode", default=PIXELS_DECODE_PLACE, choices=DECODE_PLACES,
                        help="task: clients send pixels; sidecar/gpu: clients send JPEG files")
     parser.add_argument("--precision", default="auto", choices=PRECISIONS)
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None)

@@ -7,20 +7,19 @@ import argparse
 import functools
 
 from spark_cnn.cli import classify
-from spark_cnn.cli.resolution import Option, flags_only, given
+from spark_cnn.cli.resolution import Option, given
 
 TASK = "detect"
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False, task: str = TASK) -> None:
-    classify.add_arguments(parser, from_preset=from_preset, task=task)
+    classify.add_arguments(parser, from_preset=from_preset, command=task)
 
 
 def register_task(commands, task: str, help_text: str, run) -> None:
     """The parser of a dense-output command (detect, segment): classify's options for `task`."""
     parser = commands.add_parser(task, help=help_text)
     add_arguments(parser, task=task)
-    flags_only(parser)  # defaults come from the resolver, after the preset and spark.cnn.* settings
     parser.set_defaults(run=run)
 
 
@@ -31,7 +30,7 @@ def register(commands) -> None:
 
 @functools.cache
 def option_table() -> dict[str, Option]:
-    return classify.option_table(task=TASK)
+    return classify.option_table(TASK)
 
 
 def run(args: argparse.Namespace) -> int:

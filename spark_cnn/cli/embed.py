@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 
 from spark_cnn.cli.classify import add_arguments, classify_config, report
-from spark_cnn.cli.resolution import flags_only
 
 
 def register(commands) -> None:
     parser = commands.add_parser("embed", help="embed every image under INPUT (one vector per image) into Parquet")
-    add_arguments(parser, embed=True)
-    flags_only(parser)  # defaults come from the resolver, after spark.cnn.* settings
+    add_arguments(parser, command="embed")
     parser.set_defaults(run=run)
 
 

@@ -5,38 +5,18 @@ from __future__ import annotations
 import argparse
 import functools
 
-from spark_cnn.cli import classify, resolution
-from spark_cnn.cli.resolution import Option, flags_only, given
+from spark_cnn.cli import classify, flags, resolution
+from spark_cnn.cli.resolution import Option, given
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False) -> None:
-    from spark_cnn.config import (
-        DEFAULT_MAX_BYTES_PER_TRIGGER,
-        DEFAULT_MAX_FILES_PER_TRIGGER,
-        DEFAULT_SETTLE_S,
-        byte_size,
-    )
-
-    classify.add_arguments(parser, from_preset=from_preset)
-    etl = parser.add_argument_group("incremental")
-    # Not argparse-required: a preset or spark.cnn.checkpoint may give it; EtlConfig insists on it.
-    etl.add_argument("--checkpoint", metavar="DIR",
-                     help="where the stream remembers which images are done (keep it with OUTPUT; required)")
-    etl.add_argument("--max-files-per-trigger", type=int, default=DEFAULT_MAX_FILES_PER_TRIGGER, metavar="N",
-                     help="images per micro-batch: a killed run redoes at most one batch "
-                          f"(default: {DEFAULT_MAX_FILES_PER_TRIGGER})")
-    etl.add_argument("--max-bytes-per-trigger", type=byte_size, default=DEFAULT_MAX_BYTES_PER_TRIGGER, metavar="SIZE",
-                     help="bytes of input per micro-batch, e.g. 2g: large photos end a batch before "
-                          f"--max-files-per-trigger does (default: {DEFAULT_MAX_BYTES_PER_TRIGGER >> 30}g)")
-    etl.add_argument("--settle-seconds", type=float, default=DEFAULT_SETTLE_S, metavar="S",
-                     help="take a file only once nothing has changed it for S seconds, so a copy in progress "
-                          f"waits for the next run; 0: take every file at once (default: {DEFAULT_SETTLE_S:g})")
+    """classify's options and the incremental ones, generated from ClassifyConfig and EtlConfig."""
+    flags.add_options(parser, option_table(), from_preset=from_preset)
 
 
 def register(commands) -> None:
     parser = commands.add_parser("etl", help="classify the images new under INPUT since the last run (cron, Airflow)")
     add_arguments(parser)
-    flags_only(parser)
     parser.set_defaults(run=run)
 
 
@@ -44,9 +24,7 @@ def register(commands) -> None:
 def option_table() -> dict[str, Option]:
     from spark_cnn.config import ClassifyConfig, EtlConfig
 
-    parser = argparse.ArgumentParser(add_help=False)
-    add_arguments(parser)
-    return resolution.option_table(parser, ClassifyConfig, EtlConfig)
+    return resolution.option_table(ClassifyConfig, EtlConfig, command="etl")
 
 
 def etl_config(values: dict):

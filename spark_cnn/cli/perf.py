@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from spark_cnn.cli.common import write_json
 from spark_cnn.errors import ConfigError, SparkCnnError
@@ -13,9 +14,12 @@ MODEL_HELP = ("as classify takes: torchvision name, TorchScript file, module:fac
               "URI/directory")
 WEIGHTS_HELP = ("state_dict file or weights name, as classify takes (time does not depend on the values; the "
                 "preprocessing's crop does)")
-ALLOW_NOISY_HELP = ("keep a calibration whose repeated measurements disagree (a busy host) or whose transcendental "
-                    "operators time implausibly slow, instead of refusing it; the profile records that it was forced "
-                    "(also SPARK_CNN_ALLOW_NOISY_CALIBRATION=1)")
+STRICT_HELP = ("refuse a calibration whose repeated measurements disagree beyond 10%% (a busy host) or whose "
+               "transcendental operators time implausibly slow, instead of keeping it with its measured spread and a "
+               "warning; a cached noisy profile is measured again")
+ALLOW_NOISY_HELP = "deprecated, no effect: noisy calibrations are kept by default (--strict refuses them)"
+ALLOW_NOISY_DEPRECATED = ("spark-cnn: warning: --allow-noisy-calibration is deprecated and does nothing: noisy "
+                          "calibrations are kept by default; drop it (--strict refuses them)")
 
 
 def register(commands) -> None:
@@ -34,7 +38,8 @@ def register(commands) -> None:
     profile.add_argument("--recalibrate", action="store_true", help="measure the device again")
     profile.add_argument("--calibration-seconds", type=float,
                          help="time calibration may take when the device has no cached profile (default 45)")
-    profile.add_argument("--allow-noisy-calibration", action="store_true", default=None, help=ALLOW_NOISY_HELP)
+    profile.add_argument("--strict", action="store_true", help=STRICT_HELP)
+    profile.add_argument("--allow-noisy-calibration", action="store_true", help=ALLOW_NOISY_HELP)
     profile.add_argument("--export", metavar="FILE",
                          help="write the device's calibration here, for `plan --device-profile FILE` and jobs' "
                               "--device-profile on hosts without this device")
@@ -59,7 +64,8 @@ def register(commands) -> None:
                                                   "half the cores)")
     plan.add_argument("--calibration-seconds", type=float,
                       help="time calibration may take when the device has no cached profile (default 45)")
-    plan.add_argument("--allow-noisy-calibration", action="store_true", default=None, help=ALLOW_NOISY_HELP)
+    plan.add_argument("--strict", action="store_true", help=STRICT_HELP + " (ignored with --device-profile)")
+    plan.add_argument("--allow-noisy-calibration", action="store_true", help=ALLOW_NOISY_HELP)
     plan.add_argument("--json", help="write the plan here")
     plan.set_defaults(run=run_plan)
 
@@ -68,12 +74,13 @@ def run_profile(args: argparse.Namespace) -> int:
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.perf.commands import export_device, export_report, plot_profile, profile_model, profile_report
 
+    _deprecated(args)
     if args.model is None and args.export is None:
         raise ConfigError("profile: give --model M (the model to profile), --export FILE (the device's calibration), "
                           "or both")
     if args.export is not None:
         exported = export_device(args.device, args.export, threads=args.threads, refresh=args.recalibrate,
-                                 calibration_s=args.calibration_seconds, allow_noisy=args.allow_noisy_calibration)
+                                 calibration_s=args.calibration_seconds, strict=args.strict)
         print(export_report(exported))
         if args.model is None:
             write_json(args.json, exported)
@@ -85,7 +92,7 @@ def run_profile(args: argparse.Namespace) -> int:
     result = profile_model(ModelSpec(args.model, weights=args.weights), device=args.device, batch_sizes=sizes,
                            validate=args.validate, threads=args.threads, tuning=args.tuning,
                            refresh=args.recalibrate and args.export is None, calibration_s=args.calibration_seconds,
-                           allow_noisy=args.allow_noisy_calibration)
+                           strict=args.strict)
     print(profile_report(result))
     write_json(args.json, result)
     if args.plot:
@@ -97,10 +104,16 @@ def run_plan(args: argparse.Namespace) -> int:
     from spark_cnn.models.spec import ModelSpec
     from spark_cnn.perf.commands import plan_job, plan_report
 
+    _deprecated(args)
     result = plan_job(ModelSpec(args.model, weights=args.weights), images=args.images, executors=args.executors,
                       cores=args.cores, device=args.device, threads=args.threads,
                       calibration_s=args.calibration_seconds, device_profile=args.device_profile,
-                      allow_noisy=args.allow_noisy_calibration)
+                      strict=args.strict)
     print(plan_report(result))
     write_json(args.json, result)
     return 0
+
+
+def _deprecated(args: argparse.Namespace) -> None:
+    if args.allow_noisy_calibration:
+        print(ALLOW_NOISY_DEPRECATED, file=sys.stderr)

@@ -1,6 +1,6 @@
 """YAML job presets: a file that names a job and its options, run with `spark-cnn run conf/JOB.yaml`.
 
-    job: classify            # which job: classify | etl
+    job: classify            # which job: classify | detect | segment | etl | to-petastorm
     input: /data/images
     output: /data/out
     model: resnet50

@@ -1,24 +1,21 @@
 """Where a job's options come from, in one order: flags over preset over Spark conf (`spark.cnn.*`) over defaults.
 
-Pure: no files, no Spark. The set of options is derived, not listed: every optional and positional argument of a
-command's argparse parser, plus the fields of its config dataclasses that have no flag (e.g. `request_rows`),
-nested ones included (ClassifyConfig.inference, .inputs) under flat names: `--batch-size` fills
-ClassifyConfig.inference.batch_size. An option added to the parser or to a config dataclass is therefore known to
-presets and to Spark conf without edits here.
+Pure: no files, no Spark. The options are the declared fields of a command's config dataclasses
+(`spark_cnn.options.option`), nested ones included (ClassifyConfig.inference, .inputs) under flat names:
+`--batch-size` fills ClassifyConfig.inference.batch_size. An option declared in a config dataclass is therefore a
+flag (cli/flags.py), a preset key and a spark.cnn.* key without edits here.
 
-Names, for the option behind `--batch-size` (dest `batch_size`):
+Names, for the option `batch_size`:
   flag           --batch-size 32
   preset (YAML)  batch-size: 32      (batch_size: 32 is accepted too)
-  Spark conf     spark.cnn.batchSize=32   (camelCase of the dest, as Spark's own keys are spelled)
+  Spark conf     spark.cnn.batchSize=32   (camelCase of the name, as Spark's own keys are spelled)
 
 A key that names no option, in a preset or under `spark.cnn.`, is an error that names it and the valid ones.
 
->>> import argparse
->>> parser = argparse.ArgumentParser()
->>> _ = parser.add_argument("--batch-size", default="auto")
->>> table = option_table(parser)
+>>> from spark_cnn.config import ClassifyConfig
+>>> table = option_table(ClassifyConfig, command="classify")
 >>> resolve(table, flags={}, preset={"batch-size": 64}, spark_conf={"spark.cnn.batchSize": "16"})["batch_size"]
-'64'
+64
 """
 
 from __future__ import annotations
@@ -30,8 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from spark_cnn.config import COMMAND_ONLY, NESTED, OPTION_NAME
 from spark_cnn.errors import ConfigError
+from spark_cnn.options import NESTED, VIA, Declared, declaration, option_name
 
 SPARK_CONF_PREFIX = "spark.cnn."
 _TRUE = ("true", "yes", "on", "1")
@@ -42,14 +39,21 @@ NOT_OPTIONS = frozenset({"run", "command", "help"})
 
 @dataclass(frozen=True)
 class Option:
-    """One job option, whichever way it is given."""
+    """One job option of one command, whichever way it is given: its declaration, resolved for that command."""
 
-    name: str  # argparse dest / dataclass field, e.g. batch_size
+    name: str  # dataclass field's flat name, e.g. batch_size (the argparse dest)
     default: Any = None
-    convert: Callable[[str], Any] | None = None  # text -> value (argparse `type`); None keeps the text
+    convert: Callable[[str], Any] | None = None  # text -> value; None keeps the text
     choices: tuple | None = None
-    switch: bool = False  # takes no value on the command line (store_true, --x/--no-x): true or false elsewhere
-    flag: str | None = None  # --batch-size; None for config fields without a flag
+    switch: bool = False  # takes no value on the command line (--x, or --x/--no-x): true or false elsewhere
+    flag: str | None = None  # --batch-size; None for a positional or an option without a flag in this command
+    help: str = ""
+    metavar: str | None = None
+    group: str = "run"
+    negatable: bool = False  # a switch that may be unset (None): --x/--no-x
+    repeatable: bool = False
+    default_text: str | None = None
+    positional: bool = False  # INPUT, OUTPUT
 
     @property
     def preset_key(self) -> str:
@@ -60,29 +64,42 @@ class Option:
         head, *rest = self.name.split("_")
         return SPARK_CONF_PREFIX + head + "".join(part[:1].upper() + part[1:] for part in rest)
 
+    @property
+    def shown_default(self) -> str | None:
+        """The default as --help and the docs show it; None when there is none to show."""
+        if self.default_text is not None:
+            return self.default_text
+        if self.default in (None, False, "", ()) or self.positional:
+            return None
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
 
-def option_table(parser: argparse.ArgumentParser, *configs: type) -> dict[str, Option]:
-    """Every option of `parser` (defaults as declared before `flags_only`), then every field of the `configs`
-    dataclasses (nested ones included, under their flat names) that the parser does not cover, typed from its
-    annotation."""
+
+def option_table(*configs: type, command: str) -> dict[str, Option]:
+    """Every declared option of the `configs` dataclasses (nested ones included, under their flat names) that
+    `command` has: with a flag where the declaration gives `command` one."""
     table: dict[str, Option] = {}
-    for action in parser._actions:  # argparse offers no public walk over its arguments
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.dest in NOT_OPTIONS:
-            continue
-        default = _declared_defaults(parser).get(action.dest, action.default)
-        table[action.dest] = Option(
-            name=action.dest, default=None if default is argparse.SUPPRESS else default, convert=action.type,
-            choices=tuple(action.choices) if action.choices else None, switch=action.nargs == 0,
-            flag=action.option_strings[-1] if action.option_strings else None)
     for config in configs:
         for name, leaf in config_fields(config).items():
-            kind = _scalar_type(leaf.hint)
-            if name in table or kind is None or leaf.field.metadata.get(COMMAND_ONLY):
-                continue  # covered by a flag, not a value one can write (e.g. the ModelSpec), or the command's
-            default = leaf.field.default if leaf.field.default is not dataclasses.MISSING else None
-            table[name] = Option(name=name, default=default, switch=kind is bool,
-                                 convert=kind if kind in (int, float) else None)
+            spec = declaration(leaf.field)
+            if spec is None or name in table:
+                continue
+            has_flag = spec.commands is None or command in spec.commands
+            if spec.command_only and not has_flag:
+                continue  # set by the command that has it, not a preset key or spark.cnn.* key elsewhere
+            table[name] = _option(name, leaf, spec, command=command, has_flag=has_flag)
     return table
+
+
+def _option(name: str, leaf: ConfigField, spec: Declared, *, command: str, has_flag: bool) -> Option:
+    kind = _scalar_type(leaf.hint)
+    positional = leaf.field.default is dataclasses.MISSING
+    default = None if positional else dict(spec.default_for).get(command, leaf.field.default)
+    convert = spec.parse or (kind if kind in (int, float) else None)
+    return Option(name=name, default=default, convert=convert, choices=spec.choices, switch=kind is bool,
+                  flag=None if positional or not has_flag else spec.flag or "--" + name.replace("_", "-"),
+                  help=spec.help, metavar=spec.metavar, group=spec.group,
+                  negatable=kind is bool and type(None) in typing.get_args(leaf.hint), repeatable=spec.repeatable,
+                  default_text=spec.default_text, positional=positional)
 
 
 @dataclass(frozen=True)
@@ -109,10 +126,11 @@ def config_fields(config: type) -> dict[str, ConfigField]:
         if not field.init:
             continue
         if field.metadata.get(NESTED):
+            kind = field.metadata.get(VIA) or hints[field.name]
             inner = {name: dataclasses.replace(leaf, path=(field.name, *leaf.path))
-                     for name, leaf in config_fields(hints[field.name]).items()}
+                     for name, leaf in config_fields(kind).items()}
         else:
-            inner = {field.metadata.get(OPTION_NAME, field.name): ConfigField((field.name,), field, hints[field.name])}
+            inner = {option_name(field): ConfigField((field.name,), field, hints[field.name])}
         clash = set(inner) & set(found)
         if clash:  # one flat name must mean one field, or a flag would fill two places
             raise TypeError(f"{config.__name__}: option name(s) {sorted(clash)} name two fields")
@@ -122,11 +140,11 @@ def config_fields(config: type) -> dict[str, ConfigField]:
 
 def build(config: type, values: Mapping[str, Any]) -> Any:
     """`config` from flat option values: each field takes the value of its flat name, NESTED fields are built the
-    same way. A name that is absent or None leaves the field's default.
+    same way (a VIA field from its options dataclass's `value()`). A name that is absent or None leaves the field's
+    default.
 
     >>> from spark_cnn.config import ClassifyConfig
-    >>> from spark_cnn.models.spec import ModelSpec
-    >>> build(ClassifyConfig, {"input": "in", "output": "out", "model": ModelSpec("resnet18"),
+    >>> build(ClassifyConfig, {"input": "in", "output": "out", "model": "resnet18", "crop": 200,
     ...                        "batch_size": 8, "input_format": "images"}).inference.batch_size
     8
     """
@@ -136,27 +154,15 @@ def build(config: type, values: Mapping[str, Any]) -> Any:
         if not field.init:
             continue
         if field.metadata.get(NESTED):
-            kwargs[field.name] = build(hints[field.name], values)
-        elif values.get(name := field.metadata.get(OPTION_NAME, field.name)) is not None:
+            via = field.metadata.get(VIA)
+            kwargs[field.name] = build(via, values).value() if via else build(hints[field.name], values)
+        elif values.get(name := option_name(field)) is not None:
             kwargs[field.name] = values[name]
     return config(**kwargs)
 
 
-def flags_only(parser: argparse.ArgumentParser) -> None:
-    """Make `parser` return only the options given on the command line (defaults come from `resolve`).
-
-    The declared defaults are kept aside for `option_table`, so `--help` and the resolver still know them."""
-    declared = {}
-    for action in parser._actions:
-        optional = action.option_strings or action.nargs == argparse.OPTIONAL
-        if optional and not isinstance(action, argparse._HelpAction):
-            declared[action.dest] = action.default
-            action.default = argparse.SUPPRESS
-    parser.spark_cnn_defaults = declared
-
-
 def given(namespace: argparse.Namespace) -> dict[str, Any]:
-    """The options in a namespace parsed by a `flags_only` parser."""
+    """The options given in a namespace parsed by a parser of `cli.flags.add_options` (defaults are left out)."""
     return {k: v for k, v in vars(namespace).items() if k not in NOT_OPTIONS}
 
 
@@ -215,10 +221,6 @@ def convert(option: Option, value: Any, *, where: str) -> Any:
     if option.choices and result not in option.choices:
         raise ConfigError(f"{where}: {text!r} is not one of {', '.join(map(str, option.choices))}")
     return result
-
-
-def _declared_defaults(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    return getattr(parser, "spark_cnn_defaults", {})
 
 
 def _scalar_type(hint: Any) -> type | None:

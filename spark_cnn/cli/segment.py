@@ -22,7 +22,7 @@ def register(commands) -> None:
 
 @functools.cache
 def option_table() -> dict[str, Option]:
-    return classify.option_table(task=TASK)
+    return classify.option_table(TASK)
 
 
 def run(args: argparse.Namespace) -> int:

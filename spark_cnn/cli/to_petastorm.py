@@ -3,43 +3,64 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
-from spark_cnn.cli.classify import add_decode_limits, add_input_options, add_on_error
-from spark_cnn.config import DEFAULT_ROW_GROUP_MB
-from spark_cnn.formats.petastorm import DEFAULT_JPEG_QUALITY, WRITE_CODECS
+from spark_cnn.cli import flags, resolution
+from spark_cnn.cli.resolution import Option, given
+
+COMMAND = "to-petastorm"
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, from_preset: bool = False) -> None:
+    """INPUT, OUTPUT and PetastormConfig's options, generated from their declarations."""
+    flags.add_options(parser, option_table(), from_preset=from_preset)
 
 
 def register(commands) -> None:
-    parser = commands.add_parser("to-petastorm", help="write the images under INPUT as a Petastorm dataset")
-    parser.add_argument("input", metavar="INPUT", help="image folder, Parquet table or Petastorm dataset")
-    parser.add_argument("output", metavar="OUTPUT", help="the Petastorm dataset directory to write, path or URI")
-    add_input_options(parser)
-    parser.add_argument("--codec", default=WRITE_CODECS[0], choices=WRITE_CODECS,
-                        help="how images are stored: png (lossless, default), jpeg, or ndarray (raw RGB arrays)")
-    parser.add_argument("--jpeg-quality", type=int, default=DEFAULT_JPEG_QUALITY,
-                        help=f"with --codec jpeg (default: {DEFAULT_JPEG_QUALITY})")
-    parser.add_argument("--row-group-mb", type=int, default=DEFAULT_ROW_GROUP_MB,
-                        help=f"Parquet row group size in MiB (default: {DEFAULT_ROW_GROUP_MB})")
-    parser.add_argument("--master", help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
-    add_on_error(parser)
-    add_decode_limits(parser)
-    parser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    parser = commands.add_parser(COMMAND, help="write the images under INPUT as a Petastorm dataset")
+    add_arguments(parser)
     parser.set_defaults(run=run)
 
 
-def petastorm_config(args: argparse.Namespace):
-    """PetastormConfig from parsed flags: each fills the field of its flat name, as for classify."""
-    from spark_cnn.cli.resolution import build, given
+@functools.cache
+def option_table() -> dict[str, Option]:
     from spark_cnn.config import PetastormConfig
 
-    return build(PetastormConfig, given(args))
+    return resolution.option_table(PetastormConfig, command=COMMAND)
+
+
+def petastorm_config(args: argparse.Namespace, *, preset: dict | None = None, preset_name: str = "preset",
+                     spark_conf: dict | None = None):
+    """PetastormConfig from parsed flags over a preset over spark.cnn.* settings, as for classify."""
+    return config_from(resolution.resolve(option_table(), flags=given(args), preset=preset, preset_name=preset_name,
+                                          spark_conf=spark_conf))
+
+
+def config_from(values: dict):
+    from spark_cnn.config import PetastormConfig
+
+    return resolution.build(PetastormConfig, values)
+
+
+def own_settings(spark_conf: dict) -> dict:
+    """The spark.cnn.* settings of to-petastorm's options: a cluster's spark.cnn.batchSize and the like are the
+    inference jobs' settings, not a mistake here (a spark.cnn.* key no job knows still is, in those jobs)."""
+    keys = {option.conf_key for option in option_table().values()}
+    return {key: value for key, value in spark_conf.items()
+            if not key.startswith(resolution.SPARK_CONF_PREFIX) or key in keys}
 
 
 def run(args: argparse.Namespace) -> int:
+    from spark_cnn.spark.conf import submitted_conf
+
+    return execute(resolution.resolve(option_table(), flags=given(args), spark_conf=own_settings(submitted_conf())))
+
+
+def execute(values: dict) -> int:
+    """Write the Petastorm dataset of resolved options and print its report."""
     from spark_cnn.spark.petastorm_job import to_petastorm
 
-    config = petastorm_config(args)
+    config = config_from(values)
     summary = to_petastorm(config)
     if not config.quiet:
         print(f"images      {summary['images']}\nerrors      {summary['errors']}\n"

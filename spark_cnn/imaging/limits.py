@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from PIL import Image
 
 from spark_cnn.errors import ConfigError
+from spark_cnn.options import option
 
 # Pillow warns (DecompressionBombWarning) above this many pixels, and refuses twice as many: 89.5 MP, a
 # quarter GiB of 8-bit RGB. Keeping our default at Pillow's warning threshold bounds one decoded image to
@@ -62,8 +63,10 @@ class DecodeOptions:
     True
     """
 
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_pixels: int = option(DEFAULT_MAX_PIXELS, help="refuse images with more pixels, from the header, before "
+                             "decoding (decompression bombs; the default is Pillow's own warning threshold)")
+    max_file_bytes: int = option(DEFAULT_MAX_FILE_BYTES, help="refuse larger files before parsing them",
+                                 default_text=f"{DEFAULT_MAX_FILE_BYTES} (64 MiB)")
     reduced_dct: bool = True
     jpeg_decoder: str = "auto"
     dct_headroom: int = DEFAULT_DCT_HEADROOM

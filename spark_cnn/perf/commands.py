@@ -36,17 +36,18 @@ def _model_and_cost(spec: ModelSpec):
 def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                   validate: bool = False, threads: int | None = None, tuning: str = "performance",
                   memory_budget_bytes: int | None = None, refresh: bool = False,
-                  calibration_s: float | None = None, allow_noisy: bool | None = None) -> dict:
-    """The profile JSON: {"model", "device", "points": [{batch_size, predicted_ms, measured_ms?}],
-    "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's reasoning and, with `validate`, the
-    measured best batch and how close the pick came to it."""
+                  calibration_s: float | None = None, strict: bool = False) -> dict:
+    """The profile JSON: {"model", "device", "points": [{batch_size, predicted_ms, predicted_ms_low,
+    predicted_ms_high, measured_ms?}], "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's
+    reasoning and, with `validate`, the measured best batch and how close the pick came to it. The interval
+    low-high is the calibration's spread around the prediction."""
     from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms, predict_peak_memory_bytes
 
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {batch_sizes}: expected positive integers")
     module, shape, cost, weights = _model_and_cost(spec)
-    profile = calibrate(device, threads=threads, refresh=refresh, allow_noisy=allow_noisy, **_budget(calibration_s))
+    profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b), predict_peak_memory_bytes(cost, b))
              for b in sorted(set(batch_sizes))]
     choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes)
@@ -55,6 +56,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
         "model": spec.source, "weights": weights, "device": profile.key, "input_shape": list(shape),
         "threads": profile.threads,
         "points": [{"batch_size": p.batch_size, "predicted_ms": round(p.latency_ms, 3),
+                    "predicted_ms_low": round(p.latency_ms * (1 - profile.spread), 3),
+                    "predicted_ms_high": round(p.latency_ms * (1 + profile.spread), 3),
                     "predicted_images_per_s": round(p.images_per_s, 1),
                     "peak_memory_mib": round(p.peak_memory_bytes / MIB, 1)} for p in curve],
         "mape": None, "chosen_batch_size": choice.batch_size, "choice": choice.reason,
@@ -97,10 +100,12 @@ def profile_report(result: dict) -> str:
                      f"{row['predicted_ms']:>9.3f}  {row['bound']}")
     if result["uncosted"]:
         lines.append(f"  not costed: {', '.join(result['uncosted'])}")
+    spread = (result["calibration"].get("spread") or 0.0) * 100
     header = f"  {'batch':>5} {'pred ms':>10} {'pred img/s':>11} {'peak MiB':>9}"
     if result["mape"] is not None:
         header += f" {'meas ms':>10} {'meas img/s':>11} {'error':>7}"
-    lines += ["latency per batch:", header]
+    lines += [f"latency per batch (predictions +-{spread:.1f}%, the calibration's spread):" if spread
+              else "latency per batch:", header]
     for p in result["points"]:
         line = (f"  {p['batch_size']:>5} {p['predicted_ms']:>10.2f} {p['predicted_images_per_s']:>11.1f} "
                 f"{p['peak_memory_mib']:>9.1f}")
@@ -122,14 +127,14 @@ def _measured_line(result: dict) -> str:
 
 
 def export_device(device: str, path: str, *, threads: int | None = None, refresh: bool = False,
-                  calibration_s: float | None = None, allow_noisy: bool | None = None) -> dict:
+                  calibration_s: float | None = None, strict: bool = False) -> dict:
     """Calibrate `device` (or take its cached profile) and write it to `path` for `plan --device-profile` and
     jobs' `--device-profile` on other hosts. Returns what was written: {"file", "device", "device_name", ...}."""
     from spark_cnn.perf.calibration import calibrate, export_profile
     from spark_cnn.perf.calibration.profile_file import export_path
 
     path = export_path(path)  # a missing folder stops before the calibration, not after
-    profile = calibrate(device, threads=threads, refresh=refresh, allow_noisy=allow_noisy, **_budget(calibration_s))
+    profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s))
     written = export_profile(profile, path)
     return {"device": profile.key, "device_name": profile.device_name, **_profile_origin(profile, written)}
 
@@ -173,17 +178,17 @@ def _budget(calibration_s: float | None) -> dict:
 
 
 def _plan_profile(device: str, threads: int | None, calibration_s: float | None, device_profile: str | None,
-                  allow_noisy: bool | None):
+                  strict: bool):
     from spark_cnn.perf.calibration import calibrate, read_profile_file
 
     if device_profile is not None:
         return read_profile_file(device_profile)
-    return calibrate(device, threads=threads, allow_noisy=allow_noisy, **_budget(calibration_s))
+    return calibrate(device, threads=threads, strict=strict, **_budget(calibration_s))
 
 
 def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None = None, device: str = "cpu",
              threads: int | None = None, tuning: str = "performance", calibration_s: float | None = None,
-             device_profile: str | None = None, allow_noisy: bool | None = None) -> dict:
+             device_profile: str | None = None, strict: bool = False) -> dict:
     """Predicted wall time of classifying `images` on `executors` executors of `cores` cores each, from this
     host's calibration of `device`, or from `device_profile`, a profile exported on another host (no device is
     needed here then).
@@ -208,7 +213,7 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
         raise ConfigError("--images and --executors must be positive")
     if cores is not None and cores < 1:
         raise ConfigError(f"--cores {cores}: expected a positive number of cores per executor")
-    profile = _plan_profile(device, threads, calibration_s, device_profile, allow_noisy)
+    profile = _plan_profile(device, threads, calibration_s, device_profile, strict)
     cores = cores or (profile.load.get("cores") if device_profile else None) or os.cpu_count() or 1
     _, shape, cost, weights = _model_and_cost(spec)
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b)) for b in DEFAULT_BATCH_SIZES]
@@ -253,22 +258,27 @@ def _profile_origin(profile, path: str | None) -> dict:
     return {"file": path, "host": profile.host or None, "created": profile.created,
             "torch_version": profile.torch_version, "version": profile.version, "threads": profile.threads,
             "load": dict(profile.load), "load_summary": describe_load(profile.load),
-            "repeatability": dict(profile.repeatability)}
+            "repeatability": dict(profile.repeatability), "spread": profile.spread, "noisy": profile.noisy}
 
 
 def trust_line(origin: dict) -> str:
-    """One line: which calibration, where and when, how busy its host was, how well it repeated."""
+    """One line: which calibration, where and when, how busy its host was, how well it repeated (and a
+    warning line when it was busy or kept noisy)."""
     where = f"from {origin['file']}" if origin.get("file") else "cached"
     rep = origin.get("repeatability") or {}
     repeat = (f"repeated within {rep['median_pct']}% (median of {rep['points']}; bound {rep['bound_pct']}%)"
               if rep.get("points") else "repeatability not recorded")
     if rep.get("anomalies"):
         repeat += f"; {rep['anomalies'][0]}"
-    if rep.get("forced"):
-        repeat += ", ACCEPTED ALTHOUGH IMPLAUSIBLE" if rep.get("anomalies") else ", ACCEPTED ALTHOUGH NOISY"
+    noisy = origin.get("noisy", rep.get("noisy", rep.get("forced", False)))
+    if noisy:
+        repeat += ", KEPT ALTHOUGH IMPLAUSIBLE" if rep.get("anomalies") else ", KEPT ALTHOUGH NOISY"
     line = (f"calibration {where}: {origin.get('host') or 'unknown host'}, {origin['created']}, torch "
             f"{origin['torch_version']}, profile v{origin['version']}; {origin['load_summary']}; {repeat}")
-    if (origin.get("load") or {}).get("busy") or rep.get("forced"):
+    if noisy and not rep.get("anomalies"):
+        line += (f"\n  warning: a noisy calibration: predictions carry +-{100 * (origin.get('spread') or 0.0):.1f}%; "
+                 "recalibrate on a quiet host for tighter ones (--strict refuses such a calibration)")
+    elif (origin.get("load") or {}).get("busy") or noisy:
         line += "\n  warning: predictions from a busy or noisy calibration run slow; recalibrate on a quiet host"
     return line
 

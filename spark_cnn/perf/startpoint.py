@@ -4,7 +4,9 @@ Calibration takes about a minute, too long for the first task of a job to wait f
 a cached device profile (made by `spark-cnn profile` or `calibrate()` on that host). Without one it starts from
 its device default; either way the online tuner then corrects the start from measured batches. A job may hand
 it a profile exported on another host instead (`--device-profile`, profile_file.py); a cached profile a job
-marked stale (its batches ran far from the prediction) is not used until calibration refreshes it.
+marked stale (its batches ran far from the prediction) is not used until calibration refreshes it. A profile
+calibrated on a noisy host is used as any other (the online tuner corrects its start from measured batches): a
+sidecar never calibrates, so noise never stops it from serving.
 """
 
 from __future__ import annotations

@@ -65,9 +65,9 @@ def run(args: argparse.Namespace) -> int:
     if any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {args.batch_sizes}: expected positive integers")
 
-    def profile_now(refresh: bool = args.refresh or args.calibrate_each, allow_noisy: bool | None = None):
+    def profile_now(refresh: bool = args.refresh or args.calibrate_each):
         return calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir or profile_cache_dir(),
-                         refresh=refresh, clock=args.clock, allow_noisy=allow_noisy)
+                         refresh=refresh, clock=args.clock)
     if args.zoo or args.heldout:
         return _run_zoo(args, batch_sizes, profile_now)
     return _run_models(args, batch_sizes, profile_now)
@@ -123,9 +123,9 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
                 "repeats": args.repeats, "warmup": timing.DEFAULT_WARMUP, "point_budget_s": args.point_budget_s,
                 "attribute_at": args.attribute_at}
     started, load = time.perf_counter(), os.getloadavg()[0]
-    # each network's own calibration is kept even when noisy: its repeatability is recorded beside it, and
-    # refusing it would stop an hour-long sweep midway
-    calibrate_each = (lambda: profile_now(refresh=True, allow_noisy=True)) if args.calibrate_each else None
+    # each network's own calibration is kept even when noisy (calibrate's default): its repeatability is
+    # recorded beside it, and refusing it would stop an hour-long sweep midway
+    calibrate_each = (lambda: profile_now(refresh=True)) if args.calibrate_each else None
     state = zoo.sweep(path, models, batch_sizes, settings=settings, sweeps=args.sweeps, gflops=flops,
                       log=lambda line: print(line, flush=True), calibrate=calibrate_each)
     print(f"zoo: {len(models)} networks (of {len(flops)}; {len(excluded)} over the budget) measured in "

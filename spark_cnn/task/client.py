@@ -21,7 +21,7 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.task import protocol
 from spark_cnn.task.progress import ProgressDeadline
 from spark_cnn.task.protocol import ErrorKind, Kind
-from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
+from spark_cnn.task.run_options import DEFAULT_RUN, PIXELS_DECODE_PLACE, RunOptions
 
 # This long with no reply and no batch completed anywhere in the sidecar means it hangs; the task fails and
 # Spark retries it. A wait behind other tasks' requests does not count while their batches complete
@@ -60,7 +60,7 @@ class SidecarClient(Closing):
     `auto`: the sidecar picks). All of it goes in the HELLO (protocol.Hello)."""
 
     def __init__(self, socket_path: str, token: str, endpoint: Endpoint, job: str, *,
-                 run_options: RunOptions = DEFAULT_RUN, decode: str = "task",
+                 run_options: RunOptions = DEFAULT_RUN, decode: str = PIXELS_DECODE_PLACE,
                  decode_options: DecodeOptions = DEFAULT_DECODE, timeout_s: float = REPLY_TIMEOUT_S,
                  pid: int | None = None):
         hello = protocol.Hello(token, endpoint, job, decode=decode, run_options=run_options,

@@ -21,7 +21,8 @@ import pyarrow as pa
 from spark_cnn.errors import ConfigError, SidecarError
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.models.spec import Endpoint
-from spark_cnn.task.run_options import DECODE_CHOICES, DEFAULT_RUN, RunOptions
+from spark_cnn.options import check_choice
+from spark_cnn.task.run_options import DECODE_CHOICES, DEFAULT_RUN, PIXELS_DECODE_PLACE, RunOptions
 
 
 class Kind(IntEnum):
@@ -111,7 +112,7 @@ class Hello:
     token: str
     endpoint: Endpoint
     job: str
-    decode: str = "task"
+    decode: str = PIXELS_DECODE_PLACE
     run_options: RunOptions = DEFAULT_RUN
     decode_options: DecodeOptions = DEFAULT_DECODE
     # Asks for PROGRESS messages. Opt-in, so a client that does not know them (an older one, a raw test client)
@@ -119,8 +120,7 @@ class Hello:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.decode not in DECODE_CHOICES:
-            raise ConfigError(f"--decode {self.decode}: expected one of {', '.join(DECODE_CHOICES)}")
+        check_choice("--decode", self.decode, DECODE_CHOICES)
 
     def to_json(self) -> dict:
         return {"token": self.token, "endpoint": self.endpoint.to_json(), "job": self.job, "decode": self.decode,
@@ -133,7 +133,7 @@ class Hello:
         if not isinstance(data, dict) or "endpoint" not in data:
             raise SidecarError("HELLO without an endpoint: expected {token, endpoint, job, ...}")
         return cls(token=str(data.get("token", "")), endpoint=Endpoint.from_json(data["endpoint"]),
-                   job=str(data.get("job", "")), decode=data.get("decode") or "task",
+                   job=str(data.get("job", "")), decode=data.get("decode") or PIXELS_DECODE_PLACE,
                    run_options=options_from_json(RunOptions, data.get("options"), "run"),
                    decode_options=options_from_json(DecodeOptions, data.get("decode_options"), "decode"),
                    progress=data.get("progress") is True)

@@ -5,11 +5,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spark_cnn.errors import ConfigError
+from spark_cnn.options import check_choices, option
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DECODE_PLACES = ("task", "sidecar", "gpu")
 # `auto`: the sidecar picks a place from its device, the decode cost and the model's rate (perf/placement.py)
-DECODE_CHOICES = ("auto", *DECODE_PLACES)
+DECODE_AUTO = "auto"
+DECODE_CHOICES = (DECODE_AUTO, *DECODE_PLACES)
+# A job's --decode (config, InferencePlan): auto, since the right place depends on the sidecar's device, which only
+# the sidecar knows.
+DEFAULT_DECODE_PLACE = DECODE_AUTO
+# Where a connection's images decode when its HELLO names no place: in the tasks, the client sending pixels. What
+# clients that predate the field did, and what a probe or benchmark client that sends pixels means; not a job default.
+PIXELS_DECODE_PLACE = "task"
+
+
+def parse_batch_size(text: str) -> int | None:
+    """`--batch-size` text -> rows per batch, None for auto (RunOptions checks the number).
+
+    >>> parse_batch_size("auto"), parse_batch_size("32")
+    (None, 32)
+    """
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--batch-size {text}: expected auto or a positive integer") from None
 
 
 @dataclass(frozen=True)
@@ -24,11 +46,14 @@ class RunOptions:
     which the sidecar's start point uses instead of its own cache; it does not change the loaded model.
     """
 
-    batch_size: int | None = None
-    precision: str = "auto"
-    channels_last: bool | None = None
-    compile: bool = False
-    device_profile: str | None = None
+    batch_size: int | None = option(None, help="rows per device batch: auto or N", parse=parse_batch_size,
+                                    default_text="auto", metavar="auto|N")
+    precision: str = option("auto", choices=PRECISIONS,
+                            help="auto: fp32 on CPU; on CUDA bf16 where top-1 agrees with fp32 on >= 99% of the "
+                                 "first images")
+    channels_last: bool | None = option(None, help="NHWC memory layout (default: on for CUDA)")
+    compile: bool = option(False, help="torch.compile the model in the sidecar")
+    device_profile: str | None = None  # the JSON, not an option: InferenceOptions.device_profile names the file
 
     def __repr__(self) -> str:  # the profile's JSON is tens of KB: name it, do not print it
         profile = "None" if self.device_profile is None else f"<{len(self.device_profile)} chars>"
@@ -39,8 +64,7 @@ class RunOptions:
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int)
                                             or self.batch_size < 1):
             raise ConfigError(f"--batch-size {self.batch_size}: expected auto or a positive integer")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision {self.precision}: expected one of {', '.join(PRECISIONS)}")
+        check_choices(self)
 
     def model_key(self) -> tuple:
         """The options that change the loaded model (batch size does not)."""

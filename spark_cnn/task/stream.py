@@ -50,7 +50,7 @@ from spark_cnn.task.files import prefetched, read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, is_store_uri
 from spark_cnn.task.protocol import SizedImages
-from spark_cnn.task.run_options import DEFAULT_RUN, RunOptions
+from spark_cnn.task.run_options import DEFAULT_DECODE_PLACE, DEFAULT_RUN, RunOptions
 from spark_cnn.task.schema import (
     ERROR,
     class_names,
@@ -73,7 +73,7 @@ class InferencePlan:
     launch: LaunchOptions
     job_id: str
     run_options: RunOptions = DEFAULT_RUN  # how the sidecar runs the model (sent in the HELLO)
-    decode: str = "auto"  # auto | task | sidecar | gpu (auto: the sidecar picks, see perf/placement.py)
+    decode: str = DEFAULT_DECODE_PLACE  # auto | task | sidecar | gpu (auto: the sidecar picks, see perf/placement.py)
     on_error: str = "record"
     label_names: tuple[str, ...] | None = None
     decode_options: DecodeOptions = DEFAULT_DECODE  # the guard rails, here and in the sidecar (HELLO)

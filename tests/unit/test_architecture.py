@@ -1,7 +1,7 @@
 """The package layout is the process layout: a test fails when an import crosses it the wrong way.
 
-- Code that runs in Spark's Python workers (task/, imaging/, formats/, models/spec.py, config.py, errors.py)
-  loads neither torch nor pyspark, directly or through another module (checked in a fresh interpreter).
+- Code that runs in Spark's Python workers (task/, imaging/, formats/, models/spec.py, config.py, options.py,
+  errors.py) loads neither torch nor pyspark, directly or through another module (checked in a fresh interpreter).
 - Only spark/, cli/, bench/ and the package's public API import pyspark (checked in the source, function-level
   imports included).
 - Packages import downwards only, in LAYERS order; the sidecar imports from perf/ only perf.startpoint, perf/
@@ -25,8 +25,8 @@ PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pa
 
 # Lowest first. A package may import from its own layer's package and from lower layers; packages of one layer
 # may import each other only where SIDEWAYS allows it. "api" is spark_cnn/__init__.py and spark_cnn/__main__.py.
-LAYERS = (("errors",), ("imaging",), ("formats",), ("models",), ("task",), ("sidecar", "perf"), ("config",),
-          ("spark",), ("cli", "bench"), ("api",))
+LAYERS = (("errors",), ("options",), ("imaging",), ("formats",), ("models",), ("task",), ("sidecar", "perf"),
+          ("config",), ("spark",), ("cli", "bench"), ("api",))
 # Imports between packages of one layer: (importer, imported) -> the modules it may import (None: any).
 SIDEWAYS = {
     ("sidecar", "perf"): {"spark_cnn.perf.startpoint"},  # the predicted starting batch size, its one runtime entry
@@ -37,7 +37,7 @@ SIDEWAYS = {
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Modules that run in Spark's Python workers, and what they must not load.
-TORCH_FREE_PACKAGES = {"task", "imaging", "formats", "config", "errors"}
+TORCH_FREE_PACKAGES = {"task", "imaging", "formats", "config", "errors", "options"}
 TORCH_FREE_MODULES = {"spark_cnn.models.spec"}
 HEAVY = ("torch", "torchvision", "pyspark", "py4j")
 # Where pyspark may be imported.

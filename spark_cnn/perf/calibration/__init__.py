@@ -14,8 +14,9 @@ the network being predicted (nor any torchvision model). The benchmarks, by what
 - `stage_bench`: the sidecar's input normalisation and output heads, image decoding per core, and on CUDA the
   host-to-device copy.
 
-`repeatability` times a sample of those again and refuses a run that disagrees with itself, or whose
-transcendental curves `curve_check` finds implausible against relu's; `host_load`
+`repeatability` times a sample of those again and keeps a run that disagrees with itself, or whose
+transcendental curves `curve_check` finds implausible against relu's, with its measured spread and a warning
+(refuses it when strict); `host_load`
 records how busy the host was; `profile_file` exports a profile, reads one back, and marks a cached one stale.
 
 `harness` times each: the minimum of repeated calls after a warm-up, under `torch.inference_mode`, inputs made
@@ -50,9 +51,9 @@ from spark_cnn.perf.calibration.profile_file import (
     read_profile_text,
     stale_reason,
 )
-from spark_cnn.perf.calibration.repeatability import ALLOW_NOISY_ENV, NoisyCalibration
+from spark_cnn.perf.calibration.repeatability import NoisyCalibration
 
-__all__ = ["ALLOW_NOISY_ENV", "CLOCKS", "DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION",
+__all__ = ["CLOCKS", "DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION",
            "DeviceProfile", "NoisyCalibration", "Timing", "cache_path", "calibrate", "conv_backend", "describe_load",
            "device_key", "export_profile", "mark_stale", "measure", "read_profile_file", "read_profile_text",
            "stale_reason"]

@@ -14,7 +14,7 @@ calibration stayed at or below 4.96 (silu), 3.90 (sigmoid) and 5.56 (gelu); over
 stayed at or above 7.75, 6.81 and 8.66. The bounds sit between (near the geometric mean of each pair), and a
 calibration is flagged only when every kind it timed is beyond its bound: a vector path slow for one kind
 alone is not the state seen. The bounds come from this one CPU; another whose exp is much slower against its
-memory could cross them (the force option keeps such a calibration).
+memory could cross them (such a calibration is kept with a warning; --strict refuses it).
 """
 
 from __future__ import annotations

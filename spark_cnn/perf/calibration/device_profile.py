@@ -3,8 +3,9 @@ which reads it from the cache or runs the benchmarks (spark_cnn.perf.calibration
 
 A profile is JSON under `~/.cache/spark_cnn/devices/` named by its key (CPU model, cores, threads, torch
 version; or GPU name), and `calibrate` reuses it unless `refresh=True` or a job marked it stale
-(profile_file.mark_stale). Each run times a sample of its benchmarks twice and is repeated, then refused, when
-they disagree (repeatability.py); the profile records that and the host's load while it ran (host_load.py).
+(profile_file.mark_stale). Each run times a sample of its benchmarks again and is repeated when they disagree,
+then kept with its spread and a warning (refused when strict; repeatability.py); the profile records that and
+the host's load while it ran (host_load.py).
 The benchmarks run in a process with the sidecar's malloc settings (spark_cnn.task.sidecar_env), as the sidecar
 and validation do: calibrate() starts one when the calling process has other settings.
 """
@@ -12,6 +13,7 @@ and validation do: calibrate() starts one when the calling process has other set
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import re
@@ -36,7 +38,7 @@ from spark_cnn.perf.calibration.gemm_bench import WARMTH_MIN_BUDGET_S, time_gemm
 from spark_cnn.perf.calibration.harness import Budget
 from spark_cnn.perf.calibration.host_load import load_between, snapshot, ticks_per_second
 from spark_cnn.perf.calibration.profile_file import clear_stale, stale_reason
-from spark_cnn.perf.calibration.repeatability import NoisyCalibration, SampledBench, allow_noisy_default, steady
+from spark_cnn.perf.calibration.repeatability import NoisyCalibration, SampledBench, noisy_warning, steady
 from spark_cnn.perf.calibration.stage_bench import time_decode, time_h2d, time_sidecar_stages
 from spark_cnn.perf.child_env import sidecar_child_env
 from spark_cnn.task.sidecar_env import RETAINED, allocator_of, cpu_threads
@@ -53,6 +55,8 @@ DEFAULT_BUDGET_S = 45.0
 # ... and under half a minute on a GPU: a CUDA calibration is capped at 25 s whatever budget it is given.
 GPU_MAX_BUDGET_S = 25.0
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "spark_cnn", "devices")
+
+_log = logging.getLogger(__name__)
 
 
 def _frozen(value: Any) -> Any:
@@ -82,7 +86,10 @@ class DeviceProfile:
     - `decode_ms`: decode + resize + crop of one JPEG on one core; `h2d`: ((bytes, us), ...) pinned copies.
     - `host`: where it was calibrated; `load`: how busy that host was meanwhile (host_load.load_between);
       `repeatability`: how far a sample of benchmarks moved when timed again (repeatability.py), and in how
-      many attempts. Profiles written before these were recorded read them as empty.
+      many attempts, and whether it was kept `noisy` (beyond its bound on every attempt). Profiles written
+      before these were recorded read them as empty.
+    - `spread`: the relative interval its predictions carry, +-: the median disagreement between the tables
+      and their repeats (repeatability.py); 0.0 in profiles written before it was recorded.
     - `weight_warmth` (CPU): how a linear layer slows down when more data passed through the cache since its
       last call (gemm_bench.time_weight_warmth); empty on a GPU, with a small budget, and in profiles written
       before it was measured (calibrate() measures those again), which then price weights as the GEMM table.
@@ -120,6 +127,7 @@ class DeviceProfile:
     weight_warmth: dict[str, Any] = field(default_factory=dict)
     call_warmth: dict[str, Any] = field(default_factory=dict)
     conv_grid: int = CONV_GRID_REVISION
+    spread: float = 0.0
 
     def __post_init__(self):
         if self.threads < 1:
@@ -132,6 +140,12 @@ class DeviceProfile:
     @property
     def is_cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    @property
+    def noisy(self) -> bool:
+        """Kept although its repeats disagreed beyond their bound, or timed implausibly, on every attempt
+        ("forced" in profiles written while that took --allow-noisy-calibration)."""
+        return bool(self.repeatability.get("noisy", self.repeatability.get("forced", False)))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -213,7 +227,7 @@ def cache_path(device: str = "cpu", threads: int | None = None, cache_dir: str |
 
 def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: float = DEFAULT_BUDGET_S,
               cache_dir: str | None = None, refresh: bool = False, clock: str = "wall",
-              allow_noisy: bool | None = None) -> DeviceProfile:
+              strict: bool = False) -> DeviceProfile:
     """The DeviceProfile of `device` with `threads` torch threads (CPU; default: the sidecar's, half the
     cores), from the cache under `cache_dir` unless `refresh`, else measured in about `budget_s` seconds
     (at most GPU_MAX_BUDGET_S on CUDA) and cached. `clock` (CLOCKS; "cpu" on the CPU only) is what the
@@ -221,8 +235,8 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     `budget_s` of CPU time and more wall time.
 
     A cached profile a job marked stale is measured again. A run whose repeated sample disagrees is run once
-    more, then refused (repeatability.NoisyCalibration) unless `allow_noisy` (default:
-    $SPARK_CNN_ALLOW_NOISY_CALIBRATION).
+    more, then kept with its measured spread (`DeviceProfile.spread`, `noisy`) and one warning logged, or
+    refused (repeatability.NoisyCalibration) when `strict`; a strict call measures a cached noisy profile again.
 
     >>> calibrate("cpu", threads=1, budget_s=1.0, cache_dir="/tmp/x").threads   # doctest: +SKIP
     1
@@ -240,24 +254,23 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
         raise ConfigError(f"calibrate: clock 'cpu' times the calling thread: it needs threads=1, not {threads}")
     key = device_key(str(resolved), threads)
     path = _cache_path(cache_dir, key)
-    allow_noisy = allow_noisy_default() if allow_noisy is None else bool(allow_noisy)
     if not refresh and os.path.exists(path) and stale_reason(path) is None:
         try:
             with open(path) as f:
                 cached = DeviceProfile.from_json(f.read())
-            if not _predates_calibration(cached, resolved):
+            if not _predates_calibration(cached, resolved) and not (strict and cached.noisy):
                 return cached
         except (OSError, ConfigError):
             pass  # unreadable or of another version: measure again and overwrite
     if resolved.type == "cuda":
         budget_s = min(budget_s, GPU_MAX_BUDGET_S)
     elif _needs_sidecar_allocator():
-        return _calibrate_in_child(device, threads, float(budget_s), path, clock, allow_noisy)
+        return _warned(_calibrate_in_child(device, threads, float(budget_s), path, clock, strict))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         profile = steady(lambda: _run(resolved, threads, key, float(budget_s), clock), what=str(resolved),
-                         allow_noisy=allow_noisy)
+                         strict=strict)
     finally:
         torch.set_num_threads(previous)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -266,6 +279,14 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
         f.write(profile.to_json())
     os.replace(partial, path)
     clear_stale(path)
+    return _warned(profile)
+
+
+def _warned(profile: DeviceProfile) -> DeviceProfile:
+    """`profile`, once a calibration kept noisy has been reported in one line (a calibration child's own line
+    is not shown: its parent reports what it read back)."""
+    if profile.noisy:
+        _log.warning(noisy_warning(profile, profile.device))
     return profile
 
 
@@ -296,14 +317,14 @@ def _needs_sidecar_allocator() -> bool:
 
 
 def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str,
-                        allow_noisy: bool) -> DeviceProfile:
+                        strict: bool) -> DeviceProfile:
     """calibrate() in a fresh process started with the sidecar's malloc settings; it writes the cache file."""
     env = sidecar_child_env(**{_IN_CHILD_ENV: "1"})
     code = ("import sys; from spark_cnn.perf.calibration import calibrate; "
             "calibrate(sys.argv[1], threads=int(sys.argv[2]), budget_s=float(sys.argv[3]), "
-            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5], allow_noisy=sys.argv[6] == '1')")
+            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5], strict=sys.argv[6] == '1')")
     done = subprocess.run([sys.executable, "-c", code, device, str(threads), repr(budget_s),
-                           os.path.dirname(path), clock, "1" if allow_noisy else "0"], env=env, capture_output=True,
+                           os.path.dirname(path), clock, "1" if strict else "0"], env=env, capture_output=True,
                           text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -8,9 +8,9 @@ import pytest
 
 from spark_cnn.cli import build_parser, classify, etl
 from spark_cnn.cli.presets import load_preset, parse_preset
-from spark_cnn.cli.resolution import Option, flags_only, given, option_table, resolve
+from spark_cnn.cli.resolution import Option, given, option_table, resolve
 from spark_cnn.cli.run import resolve_preset
-from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_REQUEST_ROWS, ClassifyConfig
+from spark_cnn.config import DEFAULT_MAX_FILES_PER_TRIGGER, DEFAULT_REQUEST_ROWS
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.spark.conf import parse_properties
 from spark_cnn.spark.etl_job import run_summary
@@ -27,28 +27,34 @@ def _resolve(*flags: str, preset=None, conf=None) -> dict:
 
 # --- the table is derived, not listed ---------------------------------------------------------------------------
 
-def test_every_classify_flag_and_flagless_config_field_is_an_option():
-    parser = argparse.ArgumentParser()
-    classify.add_classify_options(parser)
-    dests = {a.dest for a in parser._actions if a.option_strings and a.dest != "help"}
+def test_every_declared_classify_field_is_an_option():
     table = classify.option_table()
-    assert dests <= set(table)
     assert {"input", "output", "request_rows", "max_in_flight", "idle_timeout_s"} <= set(table)
     assert table["request_rows"].default == DEFAULT_REQUEST_ROWS and table["request_rows"].convert is int
     assert table["idle_timeout_s"].convert is float
+    assert table["request_rows"].flag is None  # declared without a flag: a preset and spark.cnn.* key only
 
 
-def test_an_option_added_to_the_parser_is_known_everywhere():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--max-pixels", type=int, default=10)
-    flags_only(parser)
-    table = option_table(parser, ClassifyConfig)
+def test_an_option_declared_in_a_config_is_known_everywhere():
+    from dataclasses import dataclass
+
+    from spark_cnn.cli.flags import add_options
+    from spark_cnn.options import option
+
+    @dataclass(frozen=True)
+    class Config:
+        max_pixels: int = option(10, help="pixels")
+
+    table = option_table(Config, command="x")
     assert table["max_pixels"].default == 10
     values = resolve(table, flags={}, preset={"max-pixels": "20"}, spark_conf={"spark.cnn.maxPixels": "30"})
     assert values["max_pixels"] == 20
     assert resolve(table, flags={}, spark_conf={"spark.cnn.maxPixels": "30"})["max_pixels"] == 30
+    parser = argparse.ArgumentParser()
+    add_options(parser, table)
     assert resolve(table, flags=given(parser.parse_args(["--max-pixels", "5"])), preset={"max_pixels": 7})[
         "max_pixels"] == 5
+    assert "pixels (default: 10)" in parser.format_help()
 
 
 def test_etl_options_are_the_classify_ones_plus_its_own():
@@ -70,14 +76,14 @@ def test_names(name, conf_key, preset_key):
 
 def test_defaults_when_nothing_is_given():
     values = _resolve()
-    assert (values["batch_size"], values["device"], values["top_k"], values["quiet"]) == ("auto", "auto", None, False)
+    assert (values["batch_size"], values["device"], values["top_k"], values["quiet"]) == (None, "auto", None, False)
 
 
 def test_flags_over_preset_over_spark_conf_over_defaults():
     conf = {"spark.cnn.batchSize": "16", "spark.cnn.device": "cpu", "spark.cnn.topK": "2", "spark.app.name": "x"}
     preset = {"batch-size": 64, "device": "cuda"}
     values = _resolve("--batch-size", "8", preset=preset, conf=conf)
-    assert values["batch_size"] == "8"  # flag
+    assert values["batch_size"] == 8  # flag
     assert values["device"] == "cuda"  # preset over Spark conf
     assert values["top_k"] == 2  # Spark conf over default, converted like the flag
     assert values["precision"] == "auto"  # default
@@ -104,7 +110,8 @@ def test_config_from_resolved_values_builds_the_same_config_as_flags():
     ("logits", None, {"spark.cnn.logits": "true"}, True), ("mean", {"mean": [0.5, 0.5, 0.5]}, None, (0.5, 0.5, 0.5)),
     ("mean", None, {"spark.cnn.mean": "0.1,0.2,0.3"}, (0.1, 0.2, 0.3)),
     ("channels_last", {"channels-last": False}, None, False), ("labels", {"labels": None}, None, None),
-    ("request_rows", None, {"spark.cnn.requestRows": "8"}, 8), ("batch_size", {"batch_size": 32}, None, "32")])
+    ("request_rows", None, {"spark.cnn.requestRows": "8"}, 8), ("batch_size", {"batch_size": 32}, None, 32),
+    ("batch_size", None, {"spark.cnn.batchSize": "auto"}, None)])
 def test_values_are_converted(name, preset, conf, value):
     assert _resolve(preset=preset, conf=conf)[name] == value
 
@@ -132,7 +139,7 @@ def test_an_unknown_spark_cnn_key_is_an_error_other_spark_keys_are_not():
         _resolve(conf={"spark.cnn.batch_size": "8"})
     assert "unknown Spark conf key spark.cnn.batch_size" in str(info.value)
     assert "spark.cnn.batchSize" in str(info.value)
-    assert _resolve(conf={"spark.executor.memory": "2g"})["batch_size"] == "auto"
+    assert _resolve(conf={"spark.executor.memory": "2g"})["batch_size"] is None
 
 
 def test_bad_final_values_are_still_rejected_by_the_config():
@@ -152,7 +159,7 @@ def test_run_resolves_a_preset_with_overrides(tmp_path):
     path = _preset(tmp_path, "job: etl\ninput: /in\noutput: /out\ncheckpoint: /ck\nbatch-size: 16\ntop-k: 3\n")
     job, values = resolve_preset(path, ["--top-k", "1", "--max-files-per-trigger", "50"], {"spark.cnn.topK": "2"})
     assert job == "etl"
-    assert (values["input"], values["checkpoint"], values["batch_size"], values["top_k"]) == ("/in", "/ck", "16", 1)
+    assert (values["input"], values["checkpoint"], values["batch_size"], values["top_k"]) == ("/in", "/ck", 16, 1)
     assert etl.etl_config(values).max_files_per_trigger == 50
 
 
@@ -165,7 +172,7 @@ def test_run_takes_input_and_output_after_the_preset(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("job: train\n", "unknown job 'train'; valid jobs: classify, detect, etl, segment"),
+    ("job: train\n", "unknown job 'train'; valid jobs: classify, detect, etl, segment, to-petastorm"),
     ("model: resnet50\n", "needs `job: NAME`"),
     ("- job\n", "expected a mapping"),
     ("job: classify\ninput: [unclosed\n", "not valid YAML"),

@@ -37,7 +37,6 @@ from spark_cnn.perf.calibration.curve_check import (
 from spark_cnn.perf.calibration.harness import Budget
 from spark_cnn.perf.calibration.host_load import LoadSnapshot, load_between
 from spark_cnn.perf.calibration.repeatability import (
-    ALLOW_NOISY_ENV,
     ATTEMPTS,
     REPEAT_BOUND,
     SAMPLE_POINTS,
@@ -185,33 +184,32 @@ def _attempts(*medians):
 
 def test_a_calibration_that_repeats_is_kept_at_once():
     run, calls = _attempts(3.0)
-    profile = steady(run, what="cpu", allow_noisy=False)
-    assert len(calls) == 1 and profile.repeatability["attempts"] == 1 and not profile.repeatability["forced"]
+    profile = steady(run, what="cpu", strict=True)
+    assert len(calls) == 1 and profile.repeatability["attempts"] == 1 and not profile.repeatability["noisy"]
 
 
 def test_a_noisy_calibration_is_repeated_and_kept_when_the_repeat_is_steady():
     run, calls = _attempts(40.0, 4.0)
-    profile = steady(run, what="cpu", allow_noisy=False)
+    profile = steady(run, what="cpu", strict=True)
     assert len(calls) == 2 and profile.repeatability["attempts"] == 2 and profile.repeatability["median_pct"] == 4.0
 
 
-def test_a_calibration_noisy_every_time_is_refused_in_one_line_saying_how_to_force():
+def test_a_strict_calibration_noisy_every_time_is_refused_in_one_line_saying_how_to_keep_it():
     run, calls = _attempts(40.0, 30.0)
     with pytest.raises(NoisyCalibration) as refused:
-        steady(run, what="cpu", allow_noisy=False)
+        steady(run, what="cpu", strict=True)
     message = str(refused.value)
     assert len(calls) == ATTEMPTS and "\n" not in message
     assert "too busy" in message and "70%" in message and "30.0%" in message
-    assert f"{100 * REPEAT_BOUND:.1f}%" in message and "--allow-noisy-calibration" in message
-    assert ALLOW_NOISY_ENV in message
+    assert f"{100 * REPEAT_BOUND:.1f}%" in message and "without --strict" in message
 
 
-def test_forcing_keeps_the_steadiest_attempt_and_records_that_it_was_forced():
+def test_without_strict_the_steadiest_attempt_is_kept_with_its_spread_and_marked_noisy():
     run, _ = _attempts(40.0, 30.0)
-    profile = steady(run, what="cpu", allow_noisy=True)
-    assert profile.repeatability["forced"] and profile.repeatability["median_pct"] == 30.0
-    assert any("accepted although" in note for note in profile.notes)
-    assert "ACCEPTED ALTHOUGH NOISY" in commands.trust_line(commands._profile_origin(profile, None))
+    profile = steady(run, what="cpu")
+    assert profile.repeatability["noisy"] and profile.repeatability["median_pct"] == 30.0 and profile.spread == 0.3
+    assert any("kept although" in note and "+-30.0%" in note for note in profile.notes)
+    assert "KEPT ALTHOUGH NOISY" in commands.trust_line(commands._profile_origin(profile, None))
 
 
 def test_the_sampled_bench_keeps_a_bounded_sample_and_times_it_again():
@@ -302,26 +300,26 @@ def _implausible_attempts(*anomalous):
 
 def test_an_implausible_calibration_that_repeated_is_run_again_and_kept_when_the_repeat_is_plausible():
     run, calls = _implausible_attempts(True, False)
-    profile = steady(run, what="cpu", allow_noisy=False)
+    profile = steady(run, what="cpu", strict=True)
     assert len(calls) == 2 and profile.repeatability["ok"] and not profile.repeatability["anomalies"]
 
 
-def test_an_implausible_calibration_every_time_is_refused_naming_the_anomaly_not_the_load():
+def test_an_implausible_strict_calibration_every_time_is_refused_naming_the_anomaly_not_the_load():
     run, calls = _implausible_attempts(True, True)
     with pytest.raises(NoisyCalibration) as refused:
-        steady(run, what="cpu", allow_noisy=False)
+        steady(run, what="cpu", strict=True)
     message = str(refused.value)
     assert len(calls) == ATTEMPTS and "\n" not in message
     assert "transcendental operators timed slow" in message and "too busy" not in message
-    assert "--allow-noisy-calibration" in message and ALLOW_NOISY_ENV in message
+    assert "without --strict" in message
 
 
-def test_forcing_an_implausible_calibration_says_so_in_its_notes_and_its_trust_line():
+def test_an_implausible_calibration_kept_says_so_in_its_notes_and_its_trust_line():
     run, _ = _implausible_attempts(True, True)
-    profile = steady(run, what="cpu", allow_noisy=True)
-    assert profile.repeatability["forced"] and any("implausible" in note for note in profile.notes)
+    profile = steady(run, what="cpu")
+    assert profile.noisy and any("kept although transcendental" in note for note in profile.notes)
     line = commands.trust_line(commands._profile_origin(profile, None))
-    assert "ACCEPTED ALTHOUGH IMPLAUSIBLE" in line and "transcendental operators timed slow" in line
+    assert "KEPT ALTHOUGH IMPLAUSIBLE" in line and "transcendental operators timed slow" in line
 
 
 # --- host load ------------------------------------------------------------------------------------------------------
