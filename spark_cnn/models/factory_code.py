@@ -7,6 +7,10 @@ edited model from a warm sidecar, not the one it loaded first. Torch-free: the f
 What counts as the factory's code: every `.py` file of its top-level package (what it can import relatively), or,
 for a top-level module, the `.py` files of its folder (the siblings it can import by name). Contents are hashed,
 never sizes and modification times, which a copy or a checkout can restore unchanged over new bytes.
+
+Only the user's own code counts: a factory of this package or of an installed one (`torchvision.models:resnet50`)
+has no files here. Hashing torch's thousands of files for every fingerprint would cost seconds, and importing
+such a package again would replace classes every other module holds (an error class a caller catches, say).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import importlib.machinery
 import os
 import sys
+import sysconfig
 
 __all__ = ["factory_code_digest", "factory_files", "file_digest"]
 
@@ -25,7 +30,11 @@ def factory_files(module_name: str) -> tuple[str, list[str]]:
     """(the folder the files are named relative to, the sorted source files of `module_name`'s code);
     ("", []) when it cannot be found here (it may be importable on executors only)."""
     top = module_name.partition(".")[0]
+    if top == __name__.partition(".")[0]:
+        return "", []
     folders, single = _locate(top)
+    if any(_installed(path) for path in [*folders, *([single] if single else [])]):
+        return "", []
     files: set[str] = set()
     if folders:  # a package: its whole tree
         for folder in folders:
@@ -88,3 +97,14 @@ def _locate(top: str) -> tuple[list[str], str | None]:
         return [os.fspath(p) for p in paths], None
     origin = getattr(loaded, "__file__", None)
     return [], origin if isinstance(origin, str) and os.path.isfile(origin) else None
+
+
+def _installed_roots() -> set[str]:
+    """Where installed packages and the standard library live."""
+    paths = sysconfig.get_paths()
+    return {os.path.realpath(paths[key]) for key in ("purelib", "platlib", "stdlib", "platstdlib") if key in paths}
+
+
+def _installed(path: str) -> bool:
+    real = os.path.realpath(path)
+    return any(real == root or real.startswith(root + os.sep) for root in _installed_roots())

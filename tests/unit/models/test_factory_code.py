@@ -94,3 +94,16 @@ def test_a_process_that_built_a_factory_builds_its_edited_code(factory, monkeypa
     # Same size and mtime: the edited source must be compiled, not the cached bytecode of the old one.
     _rewrite_keeping_stat(path, FACTORY.format(outputs=3))
     assert build_module(source).out_features == 3
+
+
+def test_factories_of_this_package_and_of_installed_ones_are_never_imported_again(monkeypatch):
+    """Only the user's code is followed: this package's and torchvision's have no files to hash, so a change in
+    their digest can never make a process drop and import them again (new classes under old names)."""
+    from spark_cnn import errors
+    from spark_cnn.models import factory_code, loader
+
+    assert factory_code.factory_files("spark_cnn.models.digits") == ("", [])
+    assert factory_code.factory_files("torchvision.models") == ("", [])
+    monkeypatch.setitem(loader._imported_code, "spark_cnn.models.digits", "a digest from before an edit")
+    assert loader._import_current("spark_cnn.models.digits") is sys.modules["spark_cnn.models.digits"]
+    assert sys.modules["spark_cnn.errors"] is errors
