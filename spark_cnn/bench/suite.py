@@ -37,15 +37,13 @@ from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.device_budget import device_budget
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
+from spark_cnn.bench.variant_task import VariantTask, bench_task, random_torchvision
 from spark_cnn.bench.variants import (
     DEFAULT_VARIANTS,
     DETECT_VARIANTS,
     IDENTITY_MODEL,
     SIDECAR_DECODE_VARIANT,
     VARIANTS,
-    VariantTask,
-    bench_task,
-    random_torchvision,
 )
 from spark_cnn.models.spec import model_kind
 
