@@ -260,8 +260,8 @@ def ensure_device_profile() -> str:
     """Calibrate this host's CPU once (cached), as a deployment does, so the sidecar starts from the analytical
     model's batch size; outside every measured run. The quick bench skips it: the sidecar then starts from its
     default and the online tuner alone moves it."""
-    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.startpoint import cached_profile, profile_cache_dir
+    from spark_cnn.perf_tools.calibration import calibrate
     profile = cached_profile("cpu")
     if profile is not None:
         return f"device profile {profile.key}: cached ({profile.created})"

@@ -26,11 +26,13 @@ PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pa
 # Lowest first. A package may import from its own layer's package and from lower layers; packages of one layer
 # may import each other only where SIDEWAYS allows it. "api" is spark_cnn/__init__.py and spark_cnn/__main__.py.
 LAYERS = (("errors",), ("options",), ("imaging",), ("formats",), ("models",), ("task",), ("sidecar", "perf"),
-          ("config",), ("spark",), ("cli", "bench"), ("api",))
+          ("config",), ("spark",), ("cli", "bench", "perf_tools"), ("api",))
 # Imports between packages of one layer: (importer, imported) -> the modules it may import (None: any).
 SIDEWAYS = {
     ("sidecar", "perf"): {"spark_cnn.perf.startpoint"},  # the predicted starting batch size, its one runtime entry
     ("cli", "bench"): None,  # the bench commands run the benchmarks
+    ("cli", "perf_tools"): None,  # profile, plan and validate run calibration and validation
+    ("bench", "perf_tools"): None,  # the bench calibrates the device it reports on
 }
 # Imports allowed to break a rule while they are being removed, each with why; drop an entry once its import is
 # gone (a test checks). None today.
@@ -164,7 +166,7 @@ def test_the_tree_is_read():
     """The walk finds the packages named in the rules, so that a rule cannot pass by checking nothing."""
     packages = {package_of(module) for module in MODULES}
     assert packages >= {"task", "imaging", "formats", "models", "sidecar", "perf", "spark", "cli", "bench", "config",
-                        "errors", "api"}
+                        "errors", "api", "perf_tools"}
     assert TORCH_FREE_MODULES <= set(MODULES)
     assert len(package_imports()) > 100
 
