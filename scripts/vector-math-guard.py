@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
     if not os.environ.get(_CHILD):  # glibc reads the sidecar's malloc settings only when a process starts
-        from spark_cnn.perf.child_env import sidecar_child_env
+        from spark_cnn.perf_tools.child_env import sidecar_child_env
         os.execve(sys.executable, [sys.executable, *sys.argv], sidecar_child_env(**{_CHILD: "1"}))
 
     import numpy as np

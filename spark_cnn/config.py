@@ -18,6 +18,7 @@ from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.options import check_choices, nested, option, same_as
+from spark_cnn.perf.profile import read_profile_file
 from spark_cnn.task.client import DEFAULT_MAX_IN_FLIGHT, DEFAULT_REQUEST_ROWS, REPLY_TIMEOUT_S
 from spark_cnn.task.launcher import DEFAULT_IDLE_TIMEOUT_S
 from spark_cnn.task.object_store import OPTION_KEYS, StorageOptions
@@ -269,8 +270,6 @@ def device_profile_text(path: str | None) -> str | None:
 
 @functools.lru_cache(maxsize=8)
 def _checked_profile_text(path: str, stamp: int | None) -> str:
-    from spark_cnn.perf.calibration import read_profile_file
-
     return read_profile_file(path).to_json()
 
 

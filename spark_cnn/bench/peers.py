@@ -2,7 +2,7 @@
 the way its own documentation shows offline batch inference with a PyTorch model, on the bench's cores.
 
 - ray_data: `ray.data.read_images` (Pillow decodes, RGB), a stateless `map_batches` function that applies the
-  user's torchvision transform (the other variants' exactly: `variants.user_transform`), then `map_batches` with
+  user's torchvision transform (the other variants' exactly: `variant_task.user_transform`), then `map_batches` with
   a callable class that loads the model once per actor (an actor pool of `concurrency` actors), batch 32;
   `ray.init(num_cpus=cores)` so Ray schedules on the same cores local[2] uses. Output: Parquet.
 - daft: `daft.from_glob_path` + `download()` for the bytes, then a `@daft.cls` class whose batch method
@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from spark_cnn.bench.memory import descendants
-from spark_cnn.bench.variants import BATCH_SIZE, MeasuredWindow, VariantTask, load_model, user_transform
+from spark_cnn.bench.variant_task import BATCH_SIZE, MeasuredWindow, VariantTask, load_model, user_transform
 
 # The package each peer variant needs, as `pip install` names it (the `peers` extra holds both).
 PEER_PACKAGES = {"ray_data": "ray", "daft": "daft"}

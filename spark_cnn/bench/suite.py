@@ -37,15 +37,13 @@ from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.device_budget import device_budget
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
+from spark_cnn.bench.variant_task import VariantTask, bench_task, random_torchvision
 from spark_cnn.bench.variants import (
     DEFAULT_VARIANTS,
     DETECT_VARIANTS,
     IDENTITY_MODEL,
     SIDECAR_DECODE_VARIANT,
     VARIANTS,
-    VariantTask,
-    bench_task,
-    random_torchvision,
 )
 from spark_cnn.models.spec import model_kind
 
@@ -262,8 +260,8 @@ def ensure_device_profile() -> str:
     """Calibrate this host's CPU once (cached), as a deployment does, so the sidecar starts from the analytical
     model's batch size; outside every measured run. The quick bench skips it: the sidecar then starts from its
     default and the online tuner alone moves it."""
-    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.startpoint import cached_profile, profile_cache_dir
+    from spark_cnn.perf_tools.calibration import calibrate
     profile = cached_profile("cpu")
     if profile is not None:
         return f"device profile {profile.key}: cached ({profile.created})"

@@ -45,14 +45,20 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import pandas as pd  # the row UDF's type hints are resolved in this module's namespace
 
-from spark_cnn.bench.cputime import snapshot_to_json, tree_snapshot
+from spark_cnn.bench.variant_task import (
+    BATCH_SIZE,
+    LIMIT_BATCH_SIZES,
+    MeasuredWindow,
+    VariantTask,
+    load_model,
+    user_transform,
+)
 
-BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 MASTER = "local[2]"
 PEER_VARIANTS = ("ray_data", "daft")  # bench/peers.py: Ray Data and Daft, the `peers` extra
 # spark_cnn with the sidecar decoding (`--decode sidecar`): the GPU host's path, measured on any host.
@@ -65,90 +71,9 @@ DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != SIDECAR_DECODE_VARIANT)
 DETECT_VARIANTS = ("predict_batch_udf", "spark_cnn")
 # The near-free model's name in the bench commands (bench/tiny.py); here, torch-free, for the CLI and the report.
 IDENTITY_MODEL = "identity"
-# Batch sizes the model-only measurement tries at one thread; the limit takes the fastest.
-LIMIT_BATCH_SIZES = (8, 16, 32)
 
 
-@dataclass(frozen=True)
-class VariantTask:
-    variant: str
-    model: str             # a torchvision name, or a TorchScript file (the near-free model)
-    weights: str | None
-    input: str             # folder of the measured images
-    warmup_input: str      # small folder run first (start-up), not measured
-    images: int
-    measure_s: float = 4.0  # limit only: seconds per measurement
-    limit_batch_sizes: tuple[int, ...] = LIMIT_BATCH_SIZES
-    measure_model: bool = True  # limit only: False for a near-free model, whose limit is decoding alone
-    task: str = "classify"  # or "detect": a torchvision detection builder
-    output: str | None = None  # keep the measured run's rows here (Parquet folder); None: a temporary folder
-    batch_size: int | None = None  # spark_cnn variants: the sidecar's batch size; None: auto (tuned)
-    decode: str | None = None  # spark_cnn variants without a place of their own: where to decode; None: auto
-
-
-class MeasuredWindow:
-    """Marks the measured run: a snapshot of the bench's process tree (the bench runs this process) on entry and
-    on exit, exact edges for the CPU-per-image window (bench/cputime.py)."""
-
-    def __enter__(self) -> MeasuredWindow:
-        self.marks = [snapshot_to_json(tree_snapshot(os.getppid()))]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.marks.append(snapshot_to_json(tree_snapshot(os.getppid())))
-
-    def result(self) -> dict:
-        return {"measured_window": [mark["at"] for mark in self.marks], "window_snapshots": self.marks}
-
-
-# --- the user's side: what someone writes without this project -------------------------------------------
-
-_MODELS: dict = {}  # per Python worker: (name, weights) -> module; Spark reuses workers across tasks
-
-
-def load_model(name: str, weights: str | None):
-    """A torchvision model with a state_dict file, or a TorchScript file (`weights` None), as a user loads them."""
-    key = (name, weights)
-    if key not in _MODELS:
-        import torch
-
-        if weights is None:
-            model = torch.jit.load(name, map_location="cpu")
-        else:
-            model = random_torchvision(name)
-            model.load_state_dict(torch.load(weights, weights_only=True))
-        _MODELS[key] = model.eval()
-    return _MODELS[key]
-
-
-def bench_task(name: str) -> str:
-    """What a bench model does: detect or segment (torchvision's detection and segmentation builders), else
-    classify."""
-    import torchvision
-
-    for task, module in (("detect", torchvision.models.detection), ("segment", torchvision.models.segmentation)):
-        if name in torchvision.models.list_models(module=module):
-            return task
-    return "classify"
-
-
-def random_torchvision(name: str):
-    """A torchvision model with random weights; a detector's or segmenter's backbone stays random too (never
-    the ImageNet download: the bench's saved weights replace it anyway)."""
-    import torchvision
-
-    dense = {} if bench_task(name) == "classify" else {"weights_backbone": None}
-    return torchvision.models.get_model(name, weights=None, **dense)
-
-
-def user_transform():
-    """torchvision's classic ImageNet evaluation transform, on PIL images."""
-    from torchvision import transforms
-
-    from spark_cnn.imaging.preprocess import DEFAULT_CROP, DEFAULT_RESIZE, IMAGENET_MEAN, IMAGENET_STD
-
-    return transforms.Compose([transforms.Resize(DEFAULT_RESIZE), transforms.CenterCrop(DEFAULT_CROP),
-                               transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+# --- the user's side: what someone writes without this project (load_model, user_transform: variant_task.py) ---
 
 
 def _open_rgb(data: bytes):

@@ -72,7 +72,7 @@ def register(commands) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     from spark_cnn.models.spec import ModelSpec
-    from spark_cnn.perf.commands import export_device, export_report, plot_profile, profile_model, profile_report
+    from spark_cnn.perf_tools.commands import export_device, export_report, plot_profile, profile_model, profile_report
 
     _deprecated(args)
     if args.model is None and args.export is None:
@@ -102,7 +102,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     from spark_cnn.models.spec import ModelSpec
-    from spark_cnn.perf.commands import plan_job, plan_report
+    from spark_cnn.perf_tools.commands import plan_job, plan_report
 
     _deprecated(args)
     result = plan_job(ModelSpec(args.model, weights=args.weights), images=args.images, executors=args.executors,

@@ -1,9 +1,9 @@
-"""`spark-cnn validate`: measure models' per-batch latency against the time model (spark_cnn.perf.validate), or
-the whole torchvision zoo under a FLOP budget (--zoo, spark_cnn.perf.zoo)."""
+"""`spark-cnn validate`: measure models' per-batch latency against the time model (spark_cnn.perf_tools.validate), or
+the whole torchvision zoo under a FLOP budget (--zoo, spark_cnn.perf_tools.zoo)."""
 
 from __future__ import annotations
 
-from spark_cnn.perf.validate_command import add_arguments, run
+from spark_cnn.perf_tools.validate_command import add_arguments, run
 
 
 def register(commands) -> None:

@@ -23,6 +23,7 @@ from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.factory_code import factory_code_digest, factory_files
 from spark_cnn.models.spec import model_kind
+from spark_cnn.models.tv_weights import builder_arguments, torchvision_names
 
 # Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads. Built for
 # given weights, they are built as torchvision builds them for its pretrained weights: the input transform on
@@ -76,12 +77,6 @@ def declared_preprocessing(module: nn.Module) -> Preprocessing | None:
     return Preprocessing.from_dict(dict(declared)) if declared else None
 
 
-def torchvision_names() -> list[str]:
-    """The torchvision models `--model NAME` builds: classification, detection and segmentation."""
-    return [name for module in (torchvision.models, torchvision.models.detection, torchvision.models.segmentation)
-            for name in torchvision.models.list_models(module=module)]
-
-
 def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained: bool = False,
                        weights_enum: str | None = None) -> nn.Module:
     if name not in torchvision_names():
@@ -92,8 +87,6 @@ def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained:
     if name in _dense_names():
         extra["weights_backbone"] = None  # never the ImageNet backbone download: the whole model's weights follow
     if weights_enum is not None:
-        from spark_cnn.models.tv_weights import builder_arguments
-
         extra.update(builder_arguments(name, weights_enum))
     if num_classes is not None:
         extra["num_classes"] = num_classes

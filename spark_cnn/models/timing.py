@@ -1,6 +1,6 @@
 """How one batch's compute is timed: warm-up calls, then repeated calls within a budget, keeping the minimum.
 
-Validation's in-process measurement (`spark_cnn.perf.validate`) and the sidecar's measuring process
+Validation's in-process measurement (`spark_cnn.perf_tools.validate`) and the sidecar's measuring process
 (`spark_cnn.sidecar.measure`) both time through `time_batches`, so a module and a ModelRunner are timed alike.
 No torch at import (only when settling the allocator): the CLI lists CLOCKS without loading
 torch.

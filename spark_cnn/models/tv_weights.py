@@ -19,11 +19,15 @@ from spark_cnn.models.weights import ResolvedWeights, cached_path, pick_member
 SIZE_ARGUMENTS = (("vit_", "image_size", 0), ("maxvit_", "input_size", None))
 
 
+def torchvision_names() -> list[str]:
+    """The torchvision models `--model NAME` builds: classification, detection and segmentation."""
+    return [name for module in (torchvision.models, torchvision.models.detection, torchvision.models.segmentation)
+            for name in torchvision.models.list_models(module=module)]
+
+
 def weights_enum(model: str, text: str):
     """The member of `model`'s weights enum that `text` names (ConfigError listing the valid ones if none)."""
     # get_model_weights also knows the quantized and video models, which we do not build
-    from spark_cnn.models.loader import torchvision_names
-
     if model not in torchvision_names():
         raise ModelError(f"--model {model}: not a torchvision classification, detection or segmentation model, so "
                          f"it has no weights named {text}")

@@ -3,7 +3,7 @@
 Calibration takes about a minute, too long for the first task of a job to wait for, so the sidecar only reads
 a cached device profile (made by `spark-cnn profile` or `calibrate()` on that host). Without one it starts from
 its device default; either way the online tuner then corrects the start from measured batches. A job may hand
-it a profile exported on another host instead (`--device-profile`, profile_file.py); a cached profile a job
+it a profile exported on another host instead (`--device-profile`, profile.py); a cached profile a job
 marked stale (its batches ran far from the prediction) is not used until calibration refreshes it. A profile
 calibrated on a noisy host is used as any other (the online tuner corrects its start from measured batches): a
 sidecar never calibrates, so noise never stops it from serving.
@@ -15,15 +15,9 @@ import os
 
 from torch import nn
 
-from spark_cnn.perf.calibration import (
-    DEFAULT_CACHE_DIR,
-    DeviceProfile,
-    cache_path,
-    mark_stale,
-    read_profile_text,
-    stale_reason,
-)
+from spark_cnn.perf.device_key import cache_path
 from spark_cnn.perf.placement import DecodeChoice, choose_decode_place
+from spark_cnn.perf.profile import DEFAULT_CACHE_DIR, DeviceProfile, mark_stale, read_profile_text, stale_reason
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
 
 # The sidecar's whole view of perf/: where its batch size and its decoding start, and the profile behind them.

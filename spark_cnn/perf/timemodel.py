@@ -39,7 +39,7 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
   replay finds no fresh pages once the heap has grown to the batch's peak; `allocator=GLIBC` predicts a
   process with glibc's defaults.
 
-The layout is channels-last throughout, as in the sidecar (see spark_cnn.perf.calibration). Elementwise
+The layout is channels-last throughout, as in the sidecar (see spark_cnn.perf_tools.calibration). Elementwise
 activations and residual adds are taken to run in place, as torchvision's do (ReLU(inplace=True),
 `out += identity`).
 
@@ -58,9 +58,9 @@ from typing import Any
 import numpy as np
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.perf.calibration import DeviceProfile, conv_backend
 from spark_cnn.perf.heap import PAGE_BYTES, faulted_bytes
 from spark_cnn.perf.layers import LayerCost, ModelCost
+from spark_cnn.perf.profile import DeviceProfile, conv_backend
 from spark_cnn.task.sidecar_env import GLIBC, RETAINED
 
 __all__ = ["BOUNDS", "PRECISIONS", "layer_kind", "predict_batch_ms", "predict_decode_ms", "predict_layers_ms",
@@ -123,7 +123,7 @@ def predict_layers_ms(cost: ModelCost, profile: DeviceProfile, batch: int, *, pr
     is "compute", "memory" or "overhead": the largest of the layer's terms (page faults count as memory).
 
     The sum is predict_batch_ms. Names are the ModelCost's, so a per-layer measurement can be set beside
-    them (spark_cnn.perf.validate.layer_report). `allocator` is how the process running the model allocates
+    them (spark_cnn.perf_tools.validate.layer_report). `allocator` is how the process running the model allocates
     (spark_cnn.task.sidecar_env): RETAINED, the sidecar's settings, keeps freed memory, so the steady state
     faults no pages; GLIBC, glibc's defaults, faults large tensors' pages on every batch."""
     _check(profile, batch, precision)

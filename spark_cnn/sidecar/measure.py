@@ -1,7 +1,7 @@
 """`python -m spark_cnn.sidecar.measure`: time the sidecar's compute stage for one model at one batch size, in
 this process, and print the result as one JSON line.
 
-Validation (`spark_cnn.perf.validate`) starts it once per point with the sidecar's environment
+Validation (`spark_cnn.perf_tools.validate`) starts it once per point with the sidecar's environment
 (`spark_cnn.task.sidecar_env.sidecar_environment`), so what is timed is what a sidecar serving that batch size
 runs: the sidecar's own ModelRunner (layout, heads and all, random weights), its `forward` called from a
 service thread, with the sidecar's malloc settings and thread count. Timing follows

@@ -61,7 +61,7 @@ def test_profile_validates_exports_and_plan_uses_the_same_calibration_here_and_f
 
 
 def test_validate_measures_models_against_the_time_model(spark_cnn, tmp_path):
-    from spark_cnn.perf.calibration import calibrate
+    from spark_cnn.perf_tools.calibration import calibrate
 
     cache, out = tmp_path / "profiles", tmp_path / "validation.json"
     profile = calibrate("cpu", budget_s=3.0, cache_dir=str(cache))  # the command finds it cached

@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from spark_cnn.perf.calibration import calibrate
-from spark_cnn.perf.validate import PICK_TARGET, validate
+from spark_cnn.perf_tools.calibration import calibrate
+from spark_cnn.perf_tools.validate import PICK_TARGET, validate
 
 # The calibration's torch threads: one, so that validate's CPU clock can time the target.
 THREADS = 1

@@ -56,7 +56,7 @@ def test_a_missing_extra_says_which_to_install():
         from spark_cnn.cli import main
         from spark_cnn.errors import MissingExtra
         from spark_cnn.models.digits import write_digit_images
-        from spark_cnn.perf.commands import plot_profile
+        from spark_cnn.perf_tools.commands import plot_profile
 
         for call in (lambda: write_digit_images("/nonexistent"), lambda: plot_profile({}, "x.png")):
             try:

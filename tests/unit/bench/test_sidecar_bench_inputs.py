@@ -14,7 +14,7 @@ from spark_cnn.bench.sidecar_bench import (
     run_sidecar_bench,
     take_images,
 )
-from spark_cnn.bench.variants import bench_task
+from spark_cnn.bench.variant_task import bench_task
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.imaging.sizing import SizeRule, sized_pixels

@@ -170,7 +170,7 @@ def test_executors_load_the_shipped_file_without_mlflow(tracking, monkeypatch, a
 
 
 def test_profile_names_the_mlflow_uri_version_and_costs_the_exported_graph(tracking):
-    from spark_cnn.perf.commands import _model_and_cost
+    from spark_cnn.perf_tools.commands import _model_and_cost
 
     _, shape, cost, label = _model_and_cost(ModelSpec(f"models:/{MODEL_NAME}@{ALIAS}"))
     assert shape == (3, SIZE, SIZE)  # the crop the signature fixes

@@ -113,7 +113,7 @@ def test_bad_timm_input_stops_with_one_line(monkeypatch):
 
 
 def test_profile_names_the_timm_weights_and_uses_its_input_size(private_caches):
-    from spark_cnn.perf.commands import _model_and_cost
+    from spark_cnn.perf_tools.commands import _model_and_cost
 
     seed_hf_cache(str(private_caches / "hf"))
     _, shape, _, label = _model_and_cost(ModelSpec(f"timm:{TIMM_MODEL}", weights="DEFAULT"))

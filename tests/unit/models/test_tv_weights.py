@@ -185,7 +185,7 @@ def test_the_classify_command_takes_weights_names_and_interpolation(torch_home):
 
 
 def test_profile_and_plan_use_the_named_weights_and_their_crop(torch_home):
-    from spark_cnn.perf.commands import _model_and_cost
+    from spark_cnn.perf_tools.commands import _model_and_cost
 
     seed_weights(torch_home, "efficientnet_b1", "IMAGENET1K_V2")
     _, shape, _, label = _model_and_cost(ModelSpec("efficientnet_b1", weights="IMAGENET1K_V2"))

@@ -79,7 +79,7 @@ def test_the_sidecars_cpu_runner_guards_its_model(counted_products: list[int]):
 
 
 def test_perfs_in_process_measurements_time_the_guarded_module():
-    from spark_cnn.perf.validate import measure_batch_ms, measure_layers_ms
+    from spark_cnn.perf_tools.validate import measure_batch_ms, measure_layers_ms
 
     def classifier() -> nn.Module:
         return nn.Sequential(_squeeze_excitation_net(), nn.AdaptiveAvgPool2d(1), nn.Flatten())

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spark_cnn.perf.calibration import curve_bench, harness
-from spark_cnn.perf.calibration.harness import Bench, Budget, Timing
+from spark_cnn.perf_tools.calibration import curve_bench, harness
+from spark_cnn.perf_tools.calibration.harness import Bench, Budget, Timing
 
 
 class ScriptedClock:

@@ -14,9 +14,11 @@ import pytest
 from spark_cnn.cli import build_parser
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.perf import commands
-from spark_cnn.perf.calibration import DeviceProfile, NoisyCalibration, cache_path, device_profile
-from spark_cnn.perf.calibration.repeatability import REPEAT_BOUND, REPEAT_PASSES, judge_passes, repeat_passes
+from spark_cnn.perf.device_key import cache_path
+from spark_cnn.perf.profile import DeviceProfile
+from spark_cnn.perf_tools import commands
+from spark_cnn.perf_tools.calibration import NoisyCalibration, device_profile
+from spark_cnn.perf_tools.calibration.repeatability import REPEAT_BOUND, REPEAT_PASSES, judge_passes, repeat_passes
 from tests.unit.perf.test_perf_timemodel import synthetic_profile
 
 BUSY = {"cores": 2, "loadavg_start": 1.0, "loadavg_end": 1.3, "steal_share": 0.0, "others_cpu_share": 0.01,
@@ -119,7 +121,7 @@ def test_a_profile_file_from_before_the_spread_still_reads_and_a_forced_one_coun
 def test_profile_points_carry_the_calibrations_spread_and_the_report_says_so(monkeypatch):
     noisy = synthetic_profile(load=BUSY, spread=0.12,
                               repeatability={**judge_passes(FIRST, [[1.12] * 8]).as_dict(), "noisy": True})
-    monkeypatch.setattr("spark_cnn.perf.calibration.calibrate", lambda *a, **k: noisy)
+    monkeypatch.setattr("spark_cnn.perf_tools.calibration.calibrate", lambda *a, **k: noisy)
     result = commands.profile_model(ModelSpec(DIGITS_FACTORY), batch_sizes=[1, 8])
     for p in result["points"]:
         assert p["predicted_ms_low"] == pytest.approx(0.88 * p["predicted_ms"], abs=1e-3)

@@ -14,10 +14,10 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
 from spark_cnn.models.tensors import normalise
 from spark_cnn.perf import heap as heap_replay
-from spark_cnn.perf.calibration import calibrate
 from spark_cnn.perf.layers import analyse
 from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
-from spark_cnn.perf.validate import PICK_TARGET, _pick, measure_batch_ms, validate
+from spark_cnn.perf_tools.calibration import calibrate
+from spark_cnn.perf_tools.validate import PICK_TARGET, _pick, measure_batch_ms, validate
 from spark_cnn.task.sidecar_env import GLIBC, RETAINED, SIDECAR_MALLOC_ENV, allocator_of, sidecar_environment
 
 GLIBC_HOST = platform.libc_ver()[0] == "glibc"

@@ -14,29 +14,29 @@ import torch
 from spark_cnn.errors import ConfigError
 from spark_cnn.models.digits import DIGITS_FACTORY
 from spark_cnn.models.spec import ModelSpec
-from spark_cnn.perf import commands, startpoint
-from spark_cnn.perf.calibration import (
+from spark_cnn.perf import startpoint
+from spark_cnn.perf.device_key import cache_path
+from spark_cnn.perf.placement import DECODE_HEADROOM
+from spark_cnn.perf.profile import (
     PROFILE_VERSION,
     DeviceProfile,
-    NoisyCalibration,
-    cache_path,
-    curve_bench,
-    device_profile,
     export_profile,
     mark_stale,
     read_profile_file,
     stale_reason,
 )
-from spark_cnn.perf.calibration import calibrate as real_calibrate
-from spark_cnn.perf.calibration.curve_check import (
+from spark_cnn.perf_tools import commands
+from spark_cnn.perf_tools.calibration import NoisyCalibration, curve_bench, device_profile
+from spark_cnn.perf_tools.calibration import calibrate as real_calibrate
+from spark_cnn.perf_tools.calibration.curve_check import (
     RATIO_BOUNDS,
     RATIO_SIDES,
     transcendental_anomaly,
     transcendental_ratios,
 )
-from spark_cnn.perf.calibration.harness import Budget
-from spark_cnn.perf.calibration.host_load import LoadSnapshot, load_between
-from spark_cnn.perf.calibration.repeatability import (
+from spark_cnn.perf_tools.calibration.harness import Budget
+from spark_cnn.perf_tools.calibration.host_load import LoadSnapshot, load_between
+from spark_cnn.perf_tools.calibration.repeatability import (
     ATTEMPTS,
     REPEAT_BOUND,
     SAMPLE_POINTS,
@@ -44,7 +44,6 @@ from spark_cnn.perf.calibration.repeatability import (
     judge,
     steady,
 )
-from spark_cnn.perf.placement import DECODE_HEADROOM
 from tests.unit.perf.test_perf_timemodel import CALL_WARMTH, WARMTH, synthetic_profile
 
 QUIET = {"cores": 2, "loadavg_start": 0.1, "loadavg_end": 0.2, "steal_share": 0.0, "others_cpu_share": 0.02,
@@ -61,7 +60,7 @@ def _no_calibration(monkeypatch):
     """Nothing here may calibrate: a plan from a file needs no device."""
     def refuse(*args, **kwargs):
         raise AssertionError("calibrate() was called")
-    monkeypatch.setattr("spark_cnn.perf.calibration.calibrate", refuse)
+    monkeypatch.setattr("spark_cnn.perf_tools.calibration.calibrate", refuse)
 
 
 # --- the file ----------------------------------------------------------------------------------------------------
@@ -389,7 +388,7 @@ def test_a_cached_cpu_profile_without_a_warmth_probe_is_measured_again(tmp_path,
 
 
 def test_a_cached_profile_of_an_earlier_convolution_grid_is_measured_again(tmp_path, monkeypatch):
-    from spark_cnn.perf.calibration.conv_bench import CONV_GRID_REVISION
+    from spark_cnn.perf.profile import CONV_GRID_REVISION
 
     cache = str(tmp_path)
     key = device_profile.device_key("cpu", 1)

@@ -17,29 +17,9 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.models.digits import DigitsCNN
 from spark_cnn.perf import heap as heap_replay
 from spark_cnn.perf import timemodel
-from spark_cnn.perf.calibration import (
-    PROFILE_VERSION,
-    DeviceProfile,
-    calibrate,
-    conv_backend,
-    device_key,
-    measure,
-)
-from spark_cnn.perf.calibration import conv_bench as convolutions
-from spark_cnn.perf.calibration.conv_bench import (
-    CONV_BATCHES,
-    CONV_GRID,
-    LARGE_CONV_BATCH,
-    LARGE_CONV_MAX_OUT_HW,
-    LARGE_POINTWISE_GRID,
-    POINTWISE_NCHW_BATCHES,
-    POINTWISE_NCHW_GRID,
-    POINTWISE_ONEDNN_BATCH,
-    STRIDED_GROUPED,
-)
-from spark_cnn.perf.calibration.gemm_bench import GEMM_ROWS, TOKEN_ROWS
-from spark_cnn.perf.calibration.harness import Bench, Budget, Timing
+from spark_cnn.perf.device_key import device_key
 from spark_cnn.perf.layers import LayerCost, analyse
+from spark_cnn.perf.profile import PROFILE_VERSION, DeviceProfile, conv_backend
 from spark_cnn.perf.timemodel import (
     HEADS_LAYER,
     MODULES_LAYER,
@@ -50,7 +30,22 @@ from spark_cnn.perf.timemodel import (
     predict_peak_memory_bytes,
     predict_throughput,
 )
-from spark_cnn.perf.validate import measure_batch_ms, measure_layers_ms, validate
+from spark_cnn.perf_tools.calibration import calibrate, measure
+from spark_cnn.perf_tools.calibration import conv_bench as convolutions
+from spark_cnn.perf_tools.calibration.conv_bench import (
+    CONV_BATCHES,
+    CONV_GRID,
+    LARGE_CONV_BATCH,
+    LARGE_CONV_MAX_OUT_HW,
+    LARGE_POINTWISE_GRID,
+    POINTWISE_NCHW_BATCHES,
+    POINTWISE_NCHW_GRID,
+    POINTWISE_ONEDNN_BATCH,
+    STRIDED_GROUPED,
+)
+from spark_cnn.perf_tools.calibration.gemm_bench import GEMM_ROWS, TOKEN_ROWS
+from spark_cnn.perf_tools.calibration.harness import Bench, Budget, Timing
+from spark_cnn.perf_tools.validate import measure_batch_ms, measure_layers_ms, validate
 from spark_cnn.task.sidecar_env import GLIBC, allocator_of
 
 GFLOPS = 100.0          # the synthetic device: 100 GFLOP/s in every convolution and GEMM
@@ -725,7 +720,7 @@ def test_a_convolution_pays_the_one_row_penalty_once_per_call_whatever_the_batch
 
 
 def test_the_weight_warmth_probe_times_one_linear_layer_after_more_and_more_writing(monkeypatch):
-    from spark_cnn.perf.calibration import gemm_bench
+    from spark_cnn.perf_tools.calibration import gemm_bench
 
     monkeypatch.setattr(gemm_bench, "WARMTH_STEPS", 2)
     monkeypatch.setattr(gemm_bench, "WARMTH_REPEATS", 1)
@@ -794,7 +789,7 @@ def test_calls_after_a_layer_that_moved_more_than_the_probe_cost_as_calibrated()
 
 
 def test_the_call_warmth_probe_times_its_chain_as_calibration_and_running(monkeypatch):
-    from spark_cnn.perf.calibration import call_warmth_bench
+    from spark_cnn.perf_tools.calibration import call_warmth_bench
 
     monkeypatch.setattr(call_warmth_bench, "CALL_WARMTH_TRAFFIC", (0, 1 << 20))
     monkeypatch.setattr(call_warmth_bench, "CALL_WARMTH_REPEATS", 1)

@@ -10,9 +10,9 @@ import pytest
 from torch import nn
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.perf import zoo
 from spark_cnn.perf.layers import LayerCost, analyse
 from spark_cnn.perf.timemodel import layer_kind, predict_layers_ms
+from spark_cnn.perf_tools import zoo
 from tests.unit.perf.test_perf_timemodel import synthetic_profile
 
 SETTINGS = {"input_shape": [3, 224, 224], "clock": "cpu", "threads": 1, "repeats": 5, "warmup": 3,
@@ -238,7 +238,7 @@ def test_the_benchmark_suite_runs_the_zoo_validation_and_make_test_does_not():
     import argparse
     import shlex
 
-    from spark_cnn.perf.validate_command import add_arguments
+    from spark_cnn.perf_tools.validate_command import add_arguments
 
     recipe, defaults = _make_recipe("bench-zoo")
     assert len(recipe) == 1, recipe
@@ -257,7 +257,7 @@ def test_the_held_out_set_has_its_own_benchmark_and_shares_nothing_with_the_zoo(
     import argparse
     import shlex
 
-    from spark_cnn.perf.validate_command import add_arguments
+    from spark_cnn.perf_tools.validate_command import add_arguments
 
     recipe, _ = _make_recipe("bench-heldout")
     words = shlex.split(" ".join(line.rstrip("\\") for line in recipe))

@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from spark_cnn.perf.calibration import cache_path, device_profile, stale_reason
+from spark_cnn.perf.device_key import cache_path, device_key
+from spark_cnn.perf.profile import stale_reason
 from spark_cnn.perf.startpoint import CACHE_DIR_ENV, cached_profile
 from spark_cnn.sidecar.prediction_check import DISAGREE_BOUND, FASTER, SLOWER, SUSTAINED, WINDOW, PredictionCheck
 from spark_cnn.sidecar.startup import act_on_verdict
@@ -76,7 +77,7 @@ def cached(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path))
     path = cache_path("cpu", 1, str(tmp_path))
     with open(path, "w") as f:
-        f.write(dataclasses.replace(synthetic_profile(), key=device_profile.device_key("cpu", 1)).to_json())
+        f.write(dataclasses.replace(synthetic_profile(), key=device_key("cpu", 1)).to_json())
     return path
 
 

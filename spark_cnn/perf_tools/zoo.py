@@ -1,13 +1,13 @@
 """The time model judged on the whole torchvision classification zoo under a FLOP budget, not on a chosen few.
 
-    python -m spark_cnn.perf.validate --zoo --batch-sizes 1,8,32 --sweeps 1 --clock cpu \\
+    python -m spark_cnn.perf_tools.validate_command --zoo --batch-sizes 1,8,32 --sweeps 1 --clock cpu \\
         --json zoo.json --markdown zoo.md
 
 Every classification model torchvision lists whose FLOPs per 224 px image fit `max_gflops` (twice the
 multiply-adds torchvision publishes for its weights, scaled from their crop to 224 px: no model is built to
 choose) is measured at 224 px as `validate` measures (each point in a fresh process running the sidecar's
-ModelRunner, spark_cnn.perf.validate.measure_isolated), cheapest first. At `attribute_at` images each layer
-is also timed in a fresh process (fx interpreter, spark_cnn.perf.validate.measure_layers_ms), so the report
+ModelRunner, spark_cnn.perf_tools.validate.measure_isolated), cheapest first. At `attribute_at` images each layer
+is also timed in a fresh process (fx interpreter, spark_cnn.perf_tools.validate.measure_layers_ms), so the report
 can say which operator kinds the model misprices, measured rather than guessed.
 
 The JSON file holds measurements only, per model, batch size and sweep, and is rewritten after every point:
@@ -166,7 +166,7 @@ def profiles_dir(path: str) -> str:
 def own_profiles(path: str, state: dict[str, Any]) -> Callable[[str], Any]:
     """name -> the profile calibrated just before that network was measured, or None where the sweep made
     none (a network measured without --calibrate-each)."""
-    from spark_cnn.perf.calibration import read_profile_text
+    from spark_cnn.perf.profile import read_profile_text
 
     folder = profiles_dir(path)
 
@@ -193,7 +193,7 @@ def _calibrated_before(path: str, name: str, entry: dict[str, Any], calibrate: C
     profile = calibrate()
     folder = profiles_dir(path)
     os.makedirs(folder, exist_ok=True)
-    from spark_cnn.perf.calibration.device_profile import file_slug
+    from spark_cnn.perf.profile import file_slug
 
     file = file_slug(name) + ".json"  # timm:x -> timm_x.json
     partial = os.path.join(folder, f"{file}.partial")
@@ -228,7 +228,7 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
     before each network that has points to measure, and that network is judged against its own profile
     (`own_profiles`): the host's speed drifts by 10-30% within hours (docs/perf-model.md), so one
     calibration judges only the measurements of its own hour."""
-    from spark_cnn.perf.validate import measure_isolated
+    from spark_cnn.perf_tools.validate import measure_isolated
 
     measure = measure or measure_isolated
     measure_layers = measure_layers or measure_layers_isolated
@@ -275,11 +275,11 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
 
 def measure_layers_isolated(model_name: str, input_shape: Sequence[int], batch: int, threads: int,
                             clock: str) -> dict[str, Any]:
-    """{"ms": layer name -> ms, "allocator"} from `python -m spark_cnn.perf.zoo` in a fresh process with the
+    """{"ms": layer name -> ms, "allocator"} from `python -m spark_cnn.perf_tools.zoo` in a fresh process with the
     sidecar's environment, or {"error": why} (a model torch.fx cannot trace has no per-layer timing)."""
-    from spark_cnn.perf.child_env import sidecar_child_env
+    from spark_cnn.perf_tools.child_env import sidecar_child_env
 
-    argv = [sys.executable, "-m", "spark_cnn.perf.zoo", "--model", model_name, "--input-shape",
+    argv = [sys.executable, "-m", "spark_cnn.perf_tools.zoo", "--model", model_name, "--input-shape",
             ",".join(map(str, input_shape)), "--batch", str(batch), "--threads", str(threads), "--clock", clock]
     done = subprocess.run(argv, env=sidecar_child_env(), capture_output=True, text=True)
     try:
@@ -296,10 +296,10 @@ def _layers_main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from spark_cnn.models.loader import build_module
-    from spark_cnn.perf.validate import measure_layers_ms
+    from spark_cnn.perf_tools.validate import measure_layers_ms
     from spark_cnn.task.sidecar_env import allocator_of
 
-    parser = argparse.ArgumentParser(prog="python -m spark_cnn.perf.zoo",
+    parser = argparse.ArgumentParser(prog="python -m spark_cnn.perf_tools.zoo",
                                      description="Time one model's layers (the zoo's attribution).")
     parser.add_argument("--model", required=True)
     parser.add_argument("--input-shape", default=",".join(map(str, ZOO_INPUT_SHAPE)))
@@ -443,7 +443,7 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
     (`own_profile(name)`, see `own_profiles`) or else of `profile`, with its attribution by operator kind
     where its layers were timed; the summary over the zoo."""
     from spark_cnn.perf.timemodel import layer_kind, predict_layers_ms
-    from spark_cnn.perf.validate import compare
+    from spark_cnn.perf_tools.validate import compare
 
     cost_of = cost_of or _cost_of(tuple(state["settings"]["input_shape"]))
     batch = state["settings"]["attribute_at"]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spark_cnn.perf.calibration.harness import Bench, fresh
+from spark_cnn.perf_tools.calibration.harness import Bench, fresh
 
 __all__ = ["CALL_WARMTH_TRAFFIC", "CALL_WARMTH_WIDTHS", "call_warmth_chain", "time_call_warmth"]
 

@@ -1,6 +1,6 @@
-"""The validation command line, shared by `spark-cnn validate` and `python -m spark_cnn.perf.validate`: named
-models (spark_cnn.perf.validate) or, with --zoo, every torchvision classifier under a FLOP budget
-(spark_cnn.perf.zoo). No torch at import: the CLI builds its parser from here.
+"""The validation command line, shared by `spark-cnn validate` and `python -m spark_cnn.perf_tools.validate_command`:
+named models (spark_cnn.perf_tools.validate) or, with --zoo, every torchvision classifier under a FLOP budget
+(spark_cnn.perf_tools.zoo). No torch at import: the CLI builds its parser from here.
 """
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.models import timing
-from spark_cnn.perf.zoo import DEFAULT_ATTRIBUTE_AT, DEFAULT_MAX_GFLOPS
+from spark_cnn.perf_tools.zoo import DEFAULT_ATTRIBUTE_AT, DEFAULT_MAX_GFLOPS
 
 __all__ = ["add_arguments", "run"]
 
@@ -58,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.startpoint import profile_cache_dir
+    from spark_cnn.perf_tools.calibration import calibrate
 
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if any(b < 1 for b in batch_sizes):
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_models(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> int:
-    from spark_cnn.perf.validate import result_table, summary_table, validate
+    from spark_cnn.perf_tools.validate import result_table, summary_table, validate
 
     results, profiles, started = [], [], time.perf_counter()
     profile = None
@@ -96,7 +97,7 @@ def _run_models(args: argparse.Namespace, batch_sizes: list[int], profile_now) -
 
 
 def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> int:
-    from spark_cnn.perf import zoo
+    from spark_cnn.perf_tools import zoo
 
     if args.layers_at is not None:
         raise ConfigError("--zoo attributes each network's time to its layers with --attribute-at: drop "
@@ -151,3 +152,10 @@ def _restricted(state: dict, models: list[str], batch_sizes: list[int]) -> dict:
         kept[name] = {**entry, "runs": {b: v for b, v in entry["runs"].items() if b in sizes},
                       "spreads": {b: v for b, v in entry["spreads"].items() if b in sizes}}
     return {**state, "models": kept, "failed": {n: why for n, why in state["failed"].items() if n in models}}
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="python -m spark_cnn.perf_tools.validate_command",
+                                      description="Measure models' per-batch latency against the time model.")
+    add_arguments(_parser)
+    sys.exit(run(_parser.parse_args()))

@@ -20,7 +20,7 @@ from statistics import median
 from typing import Any
 
 from spark_cnn.errors import ConfigError
-from spark_cnn.perf.calibration.harness import Bench, Timing
+from spark_cnn.perf_tools.calibration.harness import Bench, Timing
 
 __all__ = ["ATTEMPTS", "REPEAT_BOUND", "REPEAT_PASSES", "NoisyCalibration", "Repeatability", "SampledBench",
            "judge", "judge_passes", "noisy_warning", "repeat_passes", "steady"]

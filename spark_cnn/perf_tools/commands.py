@@ -41,8 +41,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
     predicted_ms_high, measured_ms?}], "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's
     reasoning and, with `validate`, the measured best batch and how close the pick came to it. The interval
     low-high is the calibration's spread around the prediction."""
-    from spark_cnn.perf.calibration import calibrate
     from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms, predict_peak_memory_bytes
+    from spark_cnn.perf_tools.calibration import calibrate
 
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {batch_sizes}: expected positive integers")
@@ -68,7 +68,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
         "uncosted": list(cost.uncosted), "calibration": _profile_origin(profile, None),
     }
     if validate:
-        from spark_cnn.perf.validate import validate as measure
+        from spark_cnn.perf_tools.validate import validate as measure
 
         # Each batch size in a fresh process with the sidecar's environment, as the sidecar runs it (a process
         # that ran other batch sizes, or this command's own allocator, times differently).
@@ -130,8 +130,8 @@ def export_device(device: str, path: str, *, threads: int | None = None, refresh
                   calibration_s: float | None = None, strict: bool = False) -> dict:
     """Calibrate `device` (or take its cached profile) and write it to `path` for `plan --device-profile` and
     jobs' `--device-profile` on other hosts. Returns what was written: {"file", "device", "device_name", ...}."""
-    from spark_cnn.perf.calibration import calibrate, export_profile
-    from spark_cnn.perf.calibration.profile_file import export_path
+    from spark_cnn.perf.profile import export_path, export_profile
+    from spark_cnn.perf_tools.calibration import calibrate
 
     path = export_path(path)  # a missing folder stops before the calibration, not after
     profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s))
@@ -179,7 +179,8 @@ def _budget(calibration_s: float | None) -> dict:
 
 def _plan_profile(device: str, threads: int | None, calibration_s: float | None, device_profile: str | None,
                   strict: bool):
-    from spark_cnn.perf.calibration import calibrate, read_profile_file
+    from spark_cnn.perf.profile import read_profile_file
+    from spark_cnn.perf_tools.calibration import calibrate
 
     if device_profile is not None:
         return read_profile_file(device_profile)
@@ -253,7 +254,7 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
 
 def _profile_origin(profile, path: str | None) -> dict:
     """Where a plan's profile came from and how far to trust it: file or cache, host, date, load, repeatability."""
-    from spark_cnn.perf.calibration import describe_load
+    from spark_cnn.perf_tools.calibration import describe_load
 
     return {"file": path, "host": profile.host or None, "created": profile.created,
             "torch_version": profile.torch_version, "version": profile.version, "threads": profile.threads,

@@ -11,7 +11,7 @@ from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.models.heads import Predictor
 from spark_cnn.models.spec import DEFAULT_TOP_K
 from spark_cnn.models.tensors import normalise
-from spark_cnn.perf.calibration.harness import Bench, fresh
+from spark_cnn.perf_tools.calibration.harness import Bench, fresh
 
 __all__ = ["time_decode", "time_h2d", "time_sidecar_stages"]
 

@@ -8,7 +8,7 @@ import resource
 
 import torch
 
-from spark_cnn.perf.calibration.harness import Bench
+from spark_cnn.perf_tools.calibration.harness import Bench
 
 __all__ = ["GLIBC_MMAP_THRESHOLD_MAX", "time_faults"]
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from spark_cnn.models.vector_math_guard import guard_vector_math
-from spark_cnn.perf.calibration.harness import Bench, Timing, fresh
+from spark_cnn.perf_tools.calibration.harness import Bench, Timing, fresh
 
 __all__ = ["CURVE_SIDES", "JUMP_PER_BYTE", "curve_cases", "time_curves"]
 

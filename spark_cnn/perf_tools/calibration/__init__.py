@@ -16,14 +16,14 @@ the network being predicted (nor any torchvision model). The benchmarks, by what
 
 `repeatability` times a sample of those again and keeps a run that disagrees with itself, or whose
 transcendental curves `curve_check` finds implausible against relu's, with its measured spread and a warning
-(refuses it when strict); `host_load`
-records how busy the host was; `profile_file` exports a profile, reads one back, and marks a cached one stale.
+(refuses it when strict); `host_load` records how busy the host was.
 
 `harness` times each: the minimum of repeated calls after a warm-up, under `torch.inference_mode`, inputs made
 fresh and the cache filled with other data before each call, within a budget per section. Each call's minor
 page faults are counted too, and the profile stores times *without* them (count x cost per fault), so the
 time model can add the faults a network's own allocations cause instead of the benchmark's. `device_profile`
-holds the profile, its cache and `calibrate()`.
+holds `calibrate()` and its cache; the profile itself (`DeviceProfile`, its file, its stale marks) is runtime data
+in spark_cnn.perf.profile, which the sidecar and the driver read without importing any of this.
 
 >>> profile = calibrate("cpu", budget_s=2.0, cache_dir="/tmp/spark_cnn-doctest")   # doctest: +SKIP
 >>> profile.threads, len(profile.conv) > 0                                         # doctest: +SKIP
@@ -31,29 +31,10 @@ holds the profile, its cache and `calibrate()`.
 """
 
 from spark_cnn.models.timing import CLOCKS
-from spark_cnn.perf.calibration.conv_bench import conv_backend
-from spark_cnn.perf.calibration.device_profile import (
-    DEFAULT_BUDGET_S,
-    DEFAULT_CACHE_DIR,
-    GPU_MAX_BUDGET_S,
-    PROFILE_VERSION,
-    DeviceProfile,
-    cache_path,
-    calibrate,
-    device_key,
-)
-from spark_cnn.perf.calibration.harness import Timing, measure
-from spark_cnn.perf.calibration.host_load import describe_load
-from spark_cnn.perf.calibration.profile_file import (
-    export_profile,
-    mark_stale,
-    read_profile_file,
-    read_profile_text,
-    stale_reason,
-)
-from spark_cnn.perf.calibration.repeatability import NoisyCalibration
+from spark_cnn.perf_tools.calibration.device_profile import DEFAULT_BUDGET_S, GPU_MAX_BUDGET_S, calibrate
+from spark_cnn.perf_tools.calibration.harness import Timing, measure
+from spark_cnn.perf_tools.calibration.host_load import describe_load
+from spark_cnn.perf_tools.calibration.repeatability import NoisyCalibration
 
-__all__ = ["CLOCKS", "DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION",
-           "DeviceProfile", "NoisyCalibration", "Timing", "cache_path", "calibrate", "conv_backend", "describe_load",
-           "device_key", "export_profile", "mark_stale", "measure", "read_profile_file", "read_profile_text",
-           "stale_reason"]
+__all__ = ["CLOCKS", "DEFAULT_BUDGET_S", "GPU_MAX_BUDGET_S", "NoisyCalibration", "Timing", "calibrate",
+           "describe_load", "measure"]

@@ -7,13 +7,13 @@ model classifies by.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from spark_cnn.perf.calibration.harness import Bench, fresh
+from spark_cnn.perf.profile import CONV_GRID_REVISION, conv_backend
+from spark_cnn.perf_tools.calibration.harness import Bench, fresh
 
 __all__ = ["CONV_BATCHES", "CONV_GRID", "CONV_GRID_REVISION", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES",
            "DEPTHWISE_NCHW_GRID", "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW",
@@ -92,27 +92,9 @@ POINTWISE_NCHW_BATCHES = (POINTWISE_ONEDNN_BATCH, 64)
 LARGE_POINTWISE_BATCH = 64
 LARGE_POINTWISE_GRID = ((64, 256, 1, 1, 1, 56), (144, 24, 1, 1, 1, 56), (256, 64, 1, 1, 1, 56), (24, 144, 1, 1, 1, 56),
                         (116, 116, 1, 1, 1, 28), (240, 40, 1, 1, 1, 28), (128, 512, 1, 1, 1, 28), (58, 58, 1, 1, 1, 28))
-# Raised when the grid gains shapes the time model reads (a profile records the revision it timed, and a cached
-# one of an earlier revision is measured again): 1 added STRIDED_GROUPED, LARGE_POINTWISE_GRID and
-# POINTWISE_NCHW_GRID.
-CONV_GRID_REVISION = 1
 # Weight reordering: 3x3 convolutions on one pixel (almost no arithmetic) with 0.15 to 9.4 MiB of weights.
 CONV_WEIGHT_PROBES = (64, 192, 512)
 
-
-
-def conv_backend(cin: int, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
-                 groups: int, batch: int, in_hw: tuple[int, ...], threads: int) -> str:
-    """"mkldnn" or "slow2d": the CPU kernel torch picks for an fp32 NCHW Conv2d (torch's use_mkldnn rule in
-    aten/native/Convolution.cpp: a 1x1 convolution at batch < 16 on one thread runs as a GEMM per image)."""
-    strided = any(s != 1 for s in stride)
-    dilated = any(d != 1 for d in dilation)
-    numel = batch * cin * math.prod(in_hw)
-    if not (strided or dilated or batch >= 16 or any(k != 1 for k in kernel) or threads > 1):
-        return "slow2d"
-    if groups > 1 or all(k > 3 for k in kernel) or batch > 1 or numel > 20480:
-        return "mkldnn"
-    return "slow2d"
 
 
 def _conv_point(bench: Bench, cin: int, cout: int, kernel: int, stride: int, groups: int, in_hw: int,

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spark_cnn.perf.calibration.harness import Bench, fresh, measure, pollute_bytes
+from spark_cnn.perf_tools.calibration.harness import Bench, fresh, measure, pollute_bytes
 
 __all__ = ["GEMM_ROWS", "GEMM_SHAPES", "TOKEN_ROWS", "TOKEN_SHAPES", "WARMTH_MIN_BUDGET_S", "WARMTH_PROBE",
            "WARMTH_ROWS", "WARMTH_STEPS", "time_gemms", "time_weight_warmth"]

@@ -51,11 +51,12 @@ from spark_cnn.models.timing import (
     timed,
 )
 from spark_cnn.models.vector_math_guard import guard_vector_math
-from spark_cnn.perf.calibration import DeviceProfile, calibrate
-from spark_cnn.perf.child_env import sidecar_child_env
 from spark_cnn.perf.layers import DEFAULT_INPUT_SHAPE, ModelCost, analyse
+from spark_cnn.perf.profile import DeviceProfile
 from spark_cnn.perf.timemodel import HEADS_LAYER, NORMALISE_LAYER, predict_batch_ms, predict_layers_ms
 from spark_cnn.perf.tuner import CurvePoint, choose_batch_size
+from spark_cnn.perf_tools.calibration import calibrate
+from spark_cnn.perf_tools.child_env import sidecar_child_env
 from spark_cnn.task.sidecar_env import allocator_of, sidecar_environment
 
 __all__ = ["DEFAULT_BATCH_SIZES", "LARGE_BATCH", "PICK_TARGET", "compare", "layer_report", "measure_batch_ms",
@@ -372,15 +373,3 @@ def summary_table(results: list[dict[str, Any]], seconds: float) -> str:
                      f"batch {pick['batch_size']}: {100 * pick['fraction_of_best']:.1f}% (best batch "
                      f"{pick['measured_best_batch_size']}) | {r['load'][0]} -> {r['load'][1]} |")
     return "\n".join(lines)
-
-
-
-if __name__ == "__main__":
-    import argparse
-
-    from spark_cnn.perf.validate_command import add_arguments, run
-
-    _parser = argparse.ArgumentParser(prog="python -m spark_cnn.perf.validate",
-                                      description="Measure models' per-batch latency against the time model.")
-    add_arguments(_parser)
-    sys.exit(run(_parser.parse_args()))
