@@ -6,7 +6,7 @@ the process makes an MKL call; oneDNN convolutions do not end it. A network whos
 GEMMs (batch < 16 on one thread) ends it at every block; one that runs them in oneDNN (batch >= 16, or more than
 one thread) keeps it to the end of the forward: efficientnet_b0 at batch 32 ran 132 to 136 of 160 large silu
 calls at 1.3-1.5 ns per element against 0.4-0.7, and 0 to 1 of 160 with an 8 x 8 matrix product before each
-(docs/perf-model.md, "The vector-exp guard"). That product costs 1.4 us; the activation it guards, 0.1 to 25 ms.
+(docs/perf-model-journal.md, "The vector-exp guard"). That product costs 1.4 us; the activation it guards, 0.1 to 25 ms.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 __all__ = ["GUARDED_ACTIVATIONS", "GUARDED_TIMM_ACTIVATIONS", "guard_vector_math", "is_guarded"]
 
 # The module kinds whose CPU kernels are SLEEF's vector exp (silu, sigmoid, elu) or slowed with it (gelu), as
-# measured (docs/perf-model.md). Functional calls (torch.sigmoid inside a forward) cannot be hooked.
+# measured (docs/perf-model-journal.md). Functional calls (torch.sigmoid inside a forward) cannot be hooked.
 GUARDED_ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.SiLU, nn.Sigmoid, nn.GELU, nn.ELU)
 # timm's own classes that call the same kernels (torch.sigmoid, F.gelu, x * sigmoid): by module and name, so
 # timm is not imported here. timm builds its squeeze-excitation gates (rexnet) and convnext's GELU from them.
