@@ -17,7 +17,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.perf import commands
 from spark_cnn.perf.calibration import DeviceProfile, NoisyCalibration, cache_path, device_profile
 from spark_cnn.perf.calibration.repeatability import REPEAT_BOUND, REPEAT_PASSES, judge_passes, repeat_passes
-from tests.unit.perf.test_perf_timemodel import synthetic_profile
+from tests.perf_doubles import synthetic_profile
 
 BUSY = {"cores": 2, "loadavg_start": 1.0, "loadavg_end": 1.3, "steal_share": 0.0, "others_cpu_share": 0.01,
         "busy": False}
