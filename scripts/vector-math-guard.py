@@ -1,5 +1,5 @@
-"""Does the sidecar's vector-math guard keep silu & co. fast in a network on this CPU? (docs/perf-model.md, "The
-vector-exp guard")
+"""Does the sidecar's vector-math guard keep silu & co. fast in a network on this CPU? (docs/perf-model-journal.md,
+"The vector-exp guard")
 
 One process with the sidecar's environment, on --threads threads: rounds of forwards of a torchvision model with
 random weights, on random images normalised as the sidecar does, alternating a plain copy and a guarded copy

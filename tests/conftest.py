@@ -45,7 +45,7 @@ def private_device_cache():
     """An empty device-profile cache for the whole run (sidecars inherit it): a profile this machine once
     calibrated must not change which batch size tests start from. Model checks are cached beneath it
     (models/check_cache.py), shared by this run's jobs only; a test that needs the check's child to run gives
-    itself an empty folder (tests/unit/models/test_resolve_isolated.py)."""
+    itself an empty folder (tests/integration/test_resolve_isolated.py)."""
     from spark_cnn.perf.startpoint import CACHE_DIR_ENV
 
     with _private_dir_in_env(CACHE_DIR_ENV, "spark_cnn_devices_") as folder:

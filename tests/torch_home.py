@@ -1,16 +1,20 @@
 """A private TORCH_HOME seeded with random weights in torchvision's format, under the file names torchvision's
-loader looks for, so named weights resolve offline through the real loading code."""
+loader looks for, so named weights resolve offline through the real loading code; and the images and the logits
+tolerance the tests comparing our outputs with torchvision's (and timm's) own build use."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import typing
 import warnings
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 import torchvision
+from PIL import Image
 
 from spark_cnn.models.weights import cached_path
 
@@ -126,3 +130,21 @@ def _calibrate_batch_norm(module: torch.nn.Module, size: int, images: torch.Tens
         for batch in [images] if images is not None else [torch.randn(4, 3, size, size) for _ in range(2)]:
             module(batch)
     module.eval()
+
+
+def png_image(width: int, height: int, seed: int) -> bytes:
+    """A PNG of a noisy colour ramp: deterministic for a seed, different enough between seeds."""
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 255, width, dtype=np.float32)[None, :, None] * np.ones((height, 1, 3), np.float32)
+    pixels = np.clip(ramp * rng.uniform(0.3, 1.0, 3) + rng.normal(0, 25, (height, width, 3)), 0, 255)
+    buf = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+IMAGES = [png_image(400, 300, 1), png_image(260, 380, 2)]
+
+
+def assert_logits_close(ours: np.ndarray, reference: np.ndarray) -> None:
+    """Equal to float32 rounding: within 1e-4 of the reference's largest magnitude (random logits are small)."""
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-4 * float(np.abs(reference).max()))

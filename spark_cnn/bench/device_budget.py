@@ -3,8 +3,8 @@
 With a model that costs the host nothing (`identity`, or a simulated device `sim:CURVE`), a spark_cnn variant's
 CPU per image is decoding plus the framework (JVM, Python workers reading and sending, the sidecar's serving).
 Decoding is taken out of the process that does it (the Python workers when tasks decode, the sidecar when it does:
-on a GPU node nvJPEG does it on the device) at the limit's measured decode cost on one core, as issue 17's table
-does. The rest is what a GPU node spends on the framework.
+on a GPU node nvJPEG does it on the device) at the limit's measured decode cost on one core, as docs/benchmarks.md's
+framework-cost table does. The rest is what a GPU node spends on the framework.
 
 CPU milliseconds per image are also cores per 1,000 images/s: 1 ms of CPU per image at 1,000 images/s is 1,000
 ms of CPU each second, one core.
@@ -16,7 +16,7 @@ ms of CPU each second, one core.
 
 from __future__ import annotations
 
-# Issue 36: one GPU at 12,000 images/s must need at most 4 cores of framework (4 / 12 = 0.33 ms per image),
+# The target: one GPU at 12,000 images/s must need at most 4 cores of framework (4 / 12 = 0.33 ms per image),
 # rounded down to leave room for the host's own work.
 TARGET_FRAMEWORK_MS_PER_IMAGE = 0.3
 # Where each decode place does its decoding: the process kind (bench/cputime.py KINDS) whose CPU holds it.

@@ -12,8 +12,8 @@ from spark_cnn.models.device_curve import SIM_PREFIX
 
 # The project's throughput targets on the 2-core machine (docs/benchmarks.md): (what, ratio needed, models it
 # applies to; None: every real model, not the near-free one; EVERY_MODEL: the near-free one too). With the
-# near-free model the limit is decoding alone and what is missing from it is the framework's own cost (issue 17's
-# targets), as against the peers.
+# near-free model the limit is decoding alone and what is missing from it is the framework's own cost, as
+# against the peers.
 EVERY_MODEL = ("*",)
 TARGETS = (
     ("spark_cnn / limit", "spark_cnn", "limit", 0.9, None),

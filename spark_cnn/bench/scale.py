@@ -41,7 +41,7 @@ DEFAULT_FILES = 1_000_000
 QUICK_FILES = 20_000
 BASELINE_FILES = 20_000  # the rate at N is judged against the rate here
 JOB_TIMEOUT_S = 4 * 3600  # a million files at ~750 images/s is ~25 minutes here; leave room for slower hosts
-# Targets (issue 17), on the 2-core development host.
+# Targets for a million files on the 2-core development host (docs/benchmarks.md, "At big-data sizes").
 MAX_PLANNING_S = 60.0
 MAX_DRIVER_RSS_MB = 2048.0
 MIN_RATE_RATIO = 0.9   # steady rate at N within 10% of the rate at BASELINE_FILES

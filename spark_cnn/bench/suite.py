@@ -58,7 +58,7 @@ VARIANT_TIMEOUT_S = 900
 # A detector's images per variant unless given: ~25 s of ssdlite320 with random weights on 2 CPU cores (~10 img/s,
 # docs/benchmarks.md), so start-up costs fade.
 DETECT_IMAGES = 256
-# A simulated device's images per variant unless given: the Issue 17 runs found ~2 s of JVM CPU per job whatever
+# A simulated device's images per variant unless given: a job costs ~2 s of JVM CPU (docs/benchmarks.md) whatever
 # its size, so 8,192 images (~20 s at this host's ~450 img/s) keep that under 0.25 ms per image, and the 2,048
 # distinct files the dataset makes are read four times over (no more images to generate).
 SIM_IMAGES = 8192

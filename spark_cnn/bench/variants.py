@@ -7,7 +7,7 @@ so its memory is its own and nothing it starts outlives it unnoticed.
 - spark_cnn: this project's classify job (sidecar, dynamic batching, tuned batch size, chosen decode place).
 - spark_cnn_sidecar_decode: the same job with `--decode sidecar`, the path a GPU host takes (tasks read files,
   the sidecar decodes them, as nvJPEG would on the device): its CPU per image beyond decoding is what the
-  framework costs a host that feeds a fast device (issue 17).
+  framework costs a host that feeds a fast device.
 - ray_data, daft: the peers users pick instead of Spark, each as its documentation shows batch inference
   (bench/peers.py; optional packages, skipped with one line when missing).
 - a simulated device (`sim:CURVE`, models/simulated.py) runs spark_cnn and spark_cnn_sidecar_decode only: a

@@ -31,10 +31,9 @@ SIM_PREFIX = "sim:"  # --model sim:CURVE
 # A batch never takes less than this: a launch and a synchronisation cost something on any device, and a curve
 # extrapolated below its smallest point must not reach zero (a device that is free hides the framework's cost).
 FLOOR_MS = 0.05
-# ResNet-50 on one NVIDIA H200 (random weights, 224 px, precision `auto`, which chose bf16 in one run and fp32 in
-# the next: the run did not record which for these two points): `spark-cnn bench-sidecar --model resnet50
-# --device cuda` device_only, 6,625 img/s at batch 64 and 7,757 img/s at batch 128 (docs/benchmarks.md, "GPU: the
-# first device run", 2026-12-04). ms per batch = 1000 * batch / rate.
+# ResNet-50 on one NVIDIA H200 (random weights, 224 px, precision `auto`: bf16 or fp32, not recorded for these
+# points), `spark-cnn bench-sidecar --model resnet50 --device cuda` device_only: 6,625 img/s at batch 64, 7,757 at
+# 128 (docs/benchmarks.md, "GPU: the first device run"). ms per batch = 1000 * batch / rate.
 H200_RESNET50 = ((64, 1000.0 * 64 / 6625.0), (128, 1000.0 * 128 / 7757.0))
 BUILTIN_CURVES = {"resnet50-h200": H200_RESNET50}
 _LINE = re.compile(r"^\s*(?P<a>\d+(?:\.\d*)?)\s*\+\s*(?P<b>\d+(?:\.\d*)?)\s*\*?\s*n\s*$")

@@ -31,8 +31,7 @@ def flush_denormals() -> None:
     where forwards run; threads it starts afterwards inherit it).
 
     An x86 core handles a subnormal operand in microcode, many times slower than a normal one. Shifted-window
-    attention (swin) masks its scores with -100, whose softmax is exp(-100) ~ 4e-44, a subnormal, and the next
-    matrix product ran 4.7 times slower than on the unmasked windows: swin_t at batch 8 took 1,135 ms, 894 ms
-    with them flushed, with identical logits (docs/perf-model.md, "The zoo on a quiet host"). Values that small
-    are below any score a model reports."""
+    attention (swin) masks its scores with -100, whose softmax exp(-100) ~ 4e-44 is subnormal, so the next matrix
+    product runs several times slower; flushed, the logits are identical (docs/perf-model-journal.md, "The zoo on
+    a quiet host"). Values that small are below any score a model reports."""
     torch.set_flush_denormal(True)

@@ -1,12 +1,9 @@
 """Keep the CPU's vector exp fast in front of the activations that use it. Imports torch: sidecar side only.
 
-On the project's Xeon guest, torch's SLEEF-based vector kernels (silu, sigmoid, gelu, elu: those built on
-Vectorized<float>::exp) fall at some moments into a state where they run 2.2 times slower, and stay there until
-the process makes an MKL call; oneDNN convolutions do not end it. A network whose 1x1 convolutions run as MKL
-GEMMs (batch < 16 on one thread) ends it at every block; one that runs them in oneDNN (batch >= 16, or more than
-one thread) keeps it to the end of the forward: efficientnet_b0 at batch 32 ran 132 to 136 of 160 large silu
-calls at 1.3-1.5 ns per element against 0.4-0.7, and 0 to 1 of 160 with an 8 x 8 matrix product before each
-(docs/perf-model.md, "The vector-exp guard"). That product costs 1.4 us; the activation it guards, 0.1 to 25 ms.
+Torch's SLEEF-based vector kernels (silu, sigmoid, gelu, elu) can fall into a state where they run about twice
+as slow until the process makes an MKL call, which a network running its convolutions in oneDNN never does; an
+8 x 8 matrix product before each such activation ends it for 1.4 us (docs/perf-model-journal.md, "The vector-exp
+guard", has the measurements).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from torch import nn
 __all__ = ["GUARDED_ACTIVATIONS", "GUARDED_TIMM_ACTIVATIONS", "guard_vector_math", "is_guarded"]
 
 # The module kinds whose CPU kernels are SLEEF's vector exp (silu, sigmoid, elu) or slowed with it (gelu), as
-# measured (docs/perf-model.md). Functional calls (torch.sigmoid inside a forward) cannot be hooked.
+# measured (docs/perf-model-journal.md). Functional calls (torch.sigmoid inside a forward) cannot be hooked.
 GUARDED_ACTIVATIONS: tuple[type[nn.Module], ...] = (nn.SiLU, nn.Sigmoid, nn.GELU, nn.ELU)
 # timm's own classes that call the same kernels (torch.sigmoid, F.gelu, x * sigmoid): by module and name, so
 # timm is not imported here. timm builds its squeeze-excitation gates (rexnet) and convnext's GELU from them.

@@ -22,7 +22,7 @@ __all__ = ["DISAGREE_BOUND", "FASTER", "NOISE_FACTOR", "SLOWER", "SUSTAINED", "W
 # Full batches per window: enough for a median and quartiles, few enough to judge a job of a few hundred batches.
 WINDOW = 20
 # A window disagrees when its median measured/predicted ratio is off by more than this: above the model's worst
-# error on networks it was not calibrated on (about 28%, predicted too slow: docs/perf-model.md), below what a
+# error on networks it was not calibrated on (about 28%, predicted too slow: docs/perf-model-journal.md), below what a
 # busy-host calibration caused (googlenet 38.9%).
 DISAGREE_BOUND = 0.35
 # ... or by more than this many times the window's own spread (interquartile range over median), so a jittery

@@ -33,7 +33,7 @@ _LOCAL_MASTER = re.compile(r"local(?:\[(\*|\d+)\])?")
 LOG4J2_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 # The JVM's optimising compiler (C2) spent about half of a local job's JVM CPU compiling Spark's per-job paths
 # (0.5-0.7 ms per image over 4,096 images with a near-free model); ten times its thresholds leave those paths to
-# the quick compiler and still compile what is really hot (docs/benchmarks.md, issue 17).
+# the quick compiler and still compile what is really hot (docs/benchmarks.md, the framework's CPU per image).
 JIT_THRESHOLD_SCALING = "-XX:CompileThresholdScaling=10"
 
 

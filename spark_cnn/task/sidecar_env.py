@@ -3,7 +3,7 @@ which malloc settings a process has. Torch-free: the launcher (inside Spark task
 
 With glibc's defaults, torch's CPU tensors above the dynamic mmap threshold (at most 32 MiB) are mapped afresh
 on every call and the heap top is trimmed back to the kernel, so every batch faults fresh pages (about half of
-a batch's time for mobilenet_v2: docs/perf-model.md). A sidecar runs the same shapes again and again, so it
+a batch's time for mobilenet_v2: docs/perf-model-journal.md). A sidecar runs the same shapes again and again, so it
 keeps freed memory: its resident size stays at its largest batch's peak.
 
 - MALLOC_MMAP_MAX_=0: never mmap an allocation; everything comes from the heap and is reused.

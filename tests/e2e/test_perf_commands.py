@@ -1,5 +1,5 @@
 """`spark-cnn profile` and `spark-cnn plan` end to end (a short calibration; no accuracy thresholds here: the
-model's error is measured by the validation runs recorded in docs/perf-model.md)."""
+model's error is measured by the validation runs recorded in docs/perf-model-journal.md)."""
 
 from __future__ import annotations
 

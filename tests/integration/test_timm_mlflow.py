@@ -1,7 +1,7 @@
 """timm and MLflow models through the classify job on a real local Spark: the driver resolves them once (timm's
 data config; MLflow's registry and run artifacts in a sqlite store under a temporary folder) and ships one file;
 the sidecar (one per executor) loads it and the outputs equal the model's own forward. The summary names the
-weights. Tolerances as in tests/unit/models/test_tv_weights.py."""
+weights. Tolerances as in tests/integration/test_tv_weights.py."""
 
 from __future__ import annotations
 

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import io
-import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 from PIL import Image
 
-from spark_cnn.bench import dataset, memory, report, suite
+from spark_cnn.bench import dataset, report, suite
 from spark_cnn.bench.variants import pipeline_limit
 
 
@@ -52,56 +48,6 @@ def test_run_size_gives_every_variant_the_steady_seconds_at_the_limit_rate():
     assert images >= 100.0 * suite.MIN_STEADY_S and images % suite.ROUND_IMAGES_TO == 0
     assert suite.images_for(100.0, suite.BenchConfig(images=500)) == 500
     assert suite.images_for(100.0, suite.BenchConfig(quick=True)) == suite.QUICK_IMAGES
-
-
-# Run in a child process: the sampler watches, adopts and kills its own process tree, which in pytest's process
-# would include every other test's Spark JVM and sidecars.
-SAMPLER_SCENARIO = """
-import json, os, subprocess, sys, time
-from spark_cnn.bench import memory
-
-memory.become_subreaper()
-# A child that allocates ~200 MB, and an orphaned grandchild that outlives it (as a sidecar outlives the
-# Spark worker that started it); the subreaper adopts the grandchild.
-script = ("import subprocess, sys, time; "
-          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True); "
-          "x = bytearray(200 << 20); time.sleep(1.5)")
-with memory.TreeMemorySampler(interval_s=0.1) as sampler:
-    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
-started = time.monotonic()
-killed = memory.reap_leftovers(grace_s=0.5)
-print(json.dumps({"peak_rss": sampler.peak_rss, "peak_processes": sampler.peak_processes, "killed": killed,
-                  "left": memory.descendants(os.getpid()), "reap_s": time.monotonic() - started}))
-"""
-
-
-@pytest.mark.slow
-def test_sampler_counts_the_whole_tree_and_leftovers_are_killed_and_named():
-    done = subprocess.run([sys.executable, "-c", SAMPLER_SCENARIO], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["peak_rss"] >= 200 << 20
-    assert seen["peak_processes"] >= 2
-    assert len(seen["killed"]) == 1 and "time.sleep(60)" in seen["killed"][0]
-    assert seen["left"] == [] and seen["reap_s"] < 10
-
-
-@pytest.mark.slow
-def test_sampler_reads_pss_at_most_once_a_second():
-    # PSS costs ~25 ms of CPU per read of a Spark tree: read on every sample, it slowed the variant measured.
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50 << 20); time.sleep(30)"])
-    try:
-        time.sleep(0.5)
-        sampler = memory.TreeMemorySampler()
-        started = time.monotonic()
-        for _ in range(10):
-            sampler.sample()
-        assert time.monotonic() - started < memory.PSS_MIN_INTERVAL_S
-        assert sampler.samples == 10 and sampler.pss_reads == 1
-        assert sampler.peak_pss is not None and sampler.peak_rss >= 50 << 20
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_report_names_ratios_memory_and_targets(tmp_path):

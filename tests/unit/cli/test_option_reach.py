@@ -23,7 +23,7 @@ from spark_cnn.models.tiny_dense import TINY_CLASSES, TINY_DETECTOR, TINY_SEGMEN
 from spark_cnn.spark.petastorm_job import petastorm_encoder
 from spark_cnn.spark.planning import check_model, plan_inference
 from spark_cnn.task.protocol import Hello
-from tests.unit.perf.test_perf_timemodel import synthetic_profile
+from tests.perf_doubles import synthetic_profile
 
 READER, TASK, SIDECAR, REFUSED = "reader", "task", "sidecar", "refused"
 

@@ -1,7 +1,7 @@
 """The model check's disk cache (models/check_cache.py) and its use by resolve_isolated: the key moves with what
 the answer depends on, an entry is used only while the files it read are unchanged, and what must not be kept
 (a failed check, an unpinned registry URI, an unreadable or foreign entry) is not. The child process is stood in
-for by a function here; tests/unit/models/test_resolve_isolated.py runs the real one."""
+for by a function here; tests/integration/test_resolve_isolated.py runs the real one."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from spark_cnn.perf.profile import DeviceProfile
 from spark_cnn.perf_tools import commands
 from spark_cnn.perf_tools.calibration import NoisyCalibration, device_profile
 from spark_cnn.perf_tools.calibration.repeatability import REPEAT_BOUND, REPEAT_PASSES, judge_passes, repeat_passes
-from tests.unit.perf.test_perf_timemodel import synthetic_profile
+from tests.perf_doubles import synthetic_profile
 
 BUSY = {"cores": 2, "loadavg_start": 1.0, "loadavg_end": 1.3, "steal_share": 0.0, "others_cpu_share": 0.01,
         "busy": False}

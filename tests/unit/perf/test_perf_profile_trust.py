@@ -44,7 +44,7 @@ from spark_cnn.perf_tools.calibration.repeatability import (
     judge,
     steady,
 )
-from tests.unit.perf.test_perf_timemodel import CALL_WARMTH, WARMTH, synthetic_profile
+from tests.perf_doubles import CALL_WARMTH, WARMTH, synthetic_profile
 
 QUIET = {"cores": 2, "loadavg_start": 0.1, "loadavg_end": 0.2, "steal_share": 0.0, "others_cpu_share": 0.02,
          "busy": False}

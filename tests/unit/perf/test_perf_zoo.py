@@ -13,7 +13,7 @@ from spark_cnn.errors import ConfigError
 from spark_cnn.perf.layers import LayerCost, analyse
 from spark_cnn.perf.timemodel import layer_kind, predict_layers_ms
 from spark_cnn.perf_tools import zoo
-from tests.unit.perf.test_perf_timemodel import synthetic_profile
+from tests.perf_doubles import synthetic_profile
 
 SETTINGS = {"input_shape": [3, 224, 224], "clock": "cpu", "threads": 1, "repeats": 5, "warmup": 3,
             "point_budget_s": 4.0, "attribute_at": 8}
@@ -185,7 +185,7 @@ def test_judge_predicts_stored_measurements_and_writes_the_tables():
 
 def test_attention_is_priced_by_its_multiply_adds_at_the_gemm_rate():
     from spark_cnn.perf.timemodel import _Model
-    from tests.unit.perf.test_perf_timemodel import CALL_US, GFLOPS, US_PER_BYTE
+    from tests.perf_doubles import CALL_US, GFLOPS, US_PER_BYTE
 
     length, embed, batch = 64, 256, 8
     macs = 4 * length * embed * embed + 2 * length * length * embed  # q, k, v, out projections; scores, values
@@ -206,7 +206,7 @@ def test_a_fused_scaled_dot_product_attention_is_priced_by_its_multiply_adds_too
 
     from spark_cnn.perf.layers import analyse
     from spark_cnn.perf.timemodel import _Model
-    from tests.unit.perf.test_perf_timemodel import CALL_US, GFLOPS, US_PER_BYTE
+    from tests.perf_doubles import CALL_US, GFLOPS, US_PER_BYTE
 
     class Attend(nn.Module):
         def forward(self, x):

@@ -20,7 +20,7 @@ from spark_cnn.sidecar.runner import ModelRunner
 from spark_cnn.sidecar.service import InferRequest, ModelService
 from spark_cnn.task.dense_outputs import named_detections
 from spark_cnn.task.protocol import SizedImages
-from tests.unit.sidecar.test_service import JOB, REPLY_WAIT_S, RecordingConnection
+from tests.service_doubles import JOB, REPLY_WAIT_S, RecordingConnection
 
 # Sent sizes (height, width): repeats share a group, the rest run alone.
 SIZES = [(128, 170), (170, 128), (128, 170), (128, 192), (128, 170), (150, 128), (170, 128)]

@@ -13,7 +13,7 @@ from spark_cnn.perf.profile import stale_reason
 from spark_cnn.perf.startpoint import CACHE_DIR_ENV, cached_profile
 from spark_cnn.sidecar.prediction_check import DISAGREE_BOUND, FASTER, SLOWER, SUSTAINED, WINDOW, PredictionCheck
 from spark_cnn.sidecar.startup import act_on_verdict
-from tests.unit.perf.test_perf_timemodel import synthetic_profile
+from tests.perf_doubles import synthetic_profile
 
 PREDICTED = {8: 40.0, 16: 70.0}
 

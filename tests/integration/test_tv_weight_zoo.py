@@ -34,8 +34,7 @@ from spark_cnn.models.tensors import normalise
 from spark_cnn.models.tv_weights import enum_name, resolve_torchvision_weights, transforms_preprocessing
 from spark_cnn.models.weights import cached_path
 from tests.sample_images import real_image_files
-from tests.torch_home import construction, seed_weights, torchvision_construction
-from tests.unit.models.test_tv_weights import assert_logits_close
+from tests.torch_home import assert_logits_close, construction, seed_weights, torchvision_construction
 
 MODELS = torchvision.models.list_models(module=torchvision.models)
 ALL_WEIGHTS = [weights for model in MODELS for weights in torchvision.models.get_model_weights(model)]
@@ -157,7 +156,7 @@ def test_weights_of_models_that_are_not_our_classifiers_are_refused_before_any_d
 # (seed, ours, torchvision's) that initialise, save or load every parameter. Forwards dominate, so the bound is on
 # the enum's GFLOPs per image (meta "_ops"), and on parameters for the builds and the 4-byte-per-parameter file.
 # Under it every enum took at most 0.9 s, the family representatives above it 1.8-5.5 s (vgg11's 133 M parameters
-# the most), all 35 40 s wall (`pytest -m slow tests/unit/models/test_tv_weight_zoo.py --durations=0` on this
+# the most), all 35 40 s wall (`pytest -m slow tests/integration/test_tv_weight_zoo.py --durations=0` on this
 # 2-core machine at 18:04 UTC, niced, with a load of ~3.5 from other work).
 SLOW_MAX_GFLOPS = 1.0
 SLOW_MAX_PARAMS = 12_000_000

@@ -144,7 +144,7 @@ def test_decode_auto_on_a_cpu_sidecar_decodes_in_the_tasks(shared, endpoint, ref
 
 def test_a_jobs_device_profile_reaches_the_sidecars_start_point(shared, endpoint, reference):
     from spark_cnn.task.run_options import RunOptions
-    from tests.unit.perf.test_perf_timemodel import synthetic_profile
+    from tests.perf_doubles import synthetic_profile
 
     _, info = shared
     pixels = random_pixels(np.random.default_rng(9), 3)

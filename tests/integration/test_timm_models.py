@@ -24,7 +24,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.models.tensors import normalise
 from spark_cnn.models.timm_models import timm_preprocessing
 from tests.timm_hub import TIMM_MODEL, save_timm_weights, seed_hf_cache
-from tests.unit.models.test_tv_weights import IMAGES, assert_logits_close
+from tests.torch_home import IMAGES, assert_logits_close
 
 
 @pytest.fixture(autouse=True)

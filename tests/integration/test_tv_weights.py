@@ -28,7 +28,7 @@ from spark_cnn.models.spec import ModelSpec
 from spark_cnn.models.tensors import normalise
 from spark_cnn.models.tv_weights import resolve_torchvision_weights
 from spark_cnn.spark.planning import check_model
-from tests.torch_home import seed_weights
+from tests.torch_home import IMAGES, assert_logits_close, seed_weights
 
 
 @pytest.fixture
@@ -36,22 +36,6 @@ def torch_home(tmp_path, monkeypatch) -> str:
     home = str(tmp_path / "torch_home")
     monkeypatch.setenv("TORCH_HOME", home)
     return home
-
-
-def _png(width: int, height: int, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    ramp = np.linspace(0, 255, width, dtype=np.float32)[None, :, None] * np.ones((height, 1, 3), np.float32)
-    pixels = np.clip(ramp * rng.uniform(0.3, 1.0, 3) + rng.normal(0, 25, (height, width, 3)), 0, 255)
-    buf = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-IMAGES = [_png(400, 300, 1), _png(260, 380, 2)]
-
-
-def assert_logits_close(ours: np.ndarray, reference: np.ndarray) -> None:
-    np.testing.assert_allclose(ours, reference, rtol=0, atol=1e-4 * float(np.abs(reference).max()))
 
 
 def _ours(endpoint, data: bytes) -> np.ndarray:

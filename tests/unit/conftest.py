@@ -1,0 +1,61 @@
+"""Unit tests start no process and do not sleep: both raise here, so a test that needs either says so by living in
+tests/integration (or, for a few, by the `slow` mark). Patterned on Ray Data's tests/unit/conftest.py.
+
+The guard wraps each test's set-up, call and tear-down rather than being a fixture, so that fixtures of every
+scope (a session fixture that calibrates, a module one that starts a sidecar) are held to it too."""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.process
+import os
+import subprocess
+import time
+
+import pytest
+import torch  # noqa: F401  (its import asks ldconfig for CUDA libraries: a process the tests do not start)
+
+_WHY = "unit tests start no process and do not sleep: move the test to tests/integration, or wait on an Event"
+
+
+def _refuse(what: str):
+    def refused(*args, **kwargs):
+        raise RuntimeError(f"{what} in a unit test; {_WHY}")
+    return refused
+
+
+@contextlib.contextmanager
+def _no_process_no_sleep():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess.Popen, "__init__", _refuse("subprocess.Popen"))
+        mp.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing start"))
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
+            if hasattr(os, name):
+                mp.setattr(os, name, _refuse(f"os.{name}"))
+        mp.setattr(time, "sleep", _refuse("time.sleep"))
+        yield
+
+
+def _guarded(item: pytest.Item):
+    """The guard for this item, or nothing for a test marked slow (it says it starts processes)."""
+    if item.get_closest_marker("slow"):
+        return contextlib.nullcontext()
+    return _no_process_no_sleep()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    with _guarded(item):
+        return (yield)
