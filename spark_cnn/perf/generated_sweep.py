@@ -69,10 +69,14 @@ def issue36_targets(judged: dict[str, Any]) -> str:
         median, p90 = percentile(values, 50), percentile(values, 90)
         within = sum(1 for v in values if v <= target)
         met = median is not None and median <= target
-        return (f"- {name} <= {target:g}% (median): {'met' if met else '**not met**'} (median {median}%, 90th "
-                f"percentile {p90}%; {within} of {len(values)} networks within)")
+        return (f"- {name} <= {target:g}% (median): {'met' if met else '**not met**'} (median {_pct(median)}, "
+                f"90th percentile {_pct(p90)}; {within} of {len(values)} networks within)")
     return "\n".join(["", "Issue 36 item 4's targets on networks from no zoo:", "",
                       line("MAPE at batch >= 8", ge8, TARGET_MAPE_GE8),
                       line("MAPE over every size", every, TARGET_MAPE),
                       f"- tuner pick >= 95% of the best for >= {100 * TARGET_PICK_SHARE:.0f}% of networks: "
                       f"{'met' if share >= TARGET_PICK_SHARE else '**not met**'} ({100 * share:.0f}%)", ""])
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}%"
