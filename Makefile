@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-from-pyproject
 
-.PHONY: run test lint unit bench bench-identity bench-zoo bench-heldout venv java clean
+.PHONY: run test lint unit bench bench-identity bench-zoo bench-heldout bench-generated venv java clean
 
 run: venv
 	$(BIN)/spark-cnn demo
@@ -43,6 +43,12 @@ bench-zoo: venv
 bench-heldout: venv
 	$(BIN)/spark-cnn validate --heldout --batch-sizes 1,8,32,64 --sweeps 1 --calibrate-each \
 		--json docs/zoo-heldout.json --markdown docs/zoo-heldout.md
+
+# The same judgement over 10 hand-written networks from no zoo, drawn from a seed committed before they were
+# measured (spark_cnn.perf_tools.generated_nets; docs/zoo-generated.md; about 20 minutes). No seed is given here.
+bench-generated: venv
+	$(BIN)/spark-cnn validate --generated --batch-sizes 1,8,32,64 --sweeps 1 --calibrate-each \
+		--json docs/zoo-generated.json --markdown docs/zoo-generated.md
 
 lint: venv
 	$(BIN)/ruff check .

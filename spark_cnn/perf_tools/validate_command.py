@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--heldout", action="store_true",
                        help="as --zoo, over the 12 timm networks never used to develop the time model (the timm "
                             "extra; docs/zoo-heldout.md)")
+    which.add_argument("--generated", action="store_true",
+                       help="as --zoo, over the hand-written networks drawn from a frozen seed "
+                            "(spark_cnn.perf_tools.generated_nets; docs/zoo-generated.md)")
     parser.add_argument("--max-gflops", type=float, default=DEFAULT_MAX_GFLOPS,
                         help="with --zoo: FLOPs per 224 px image (2 x torchvision's multiply-adds), default "
                              f"{DEFAULT_MAX_GFLOPS:g}")
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     def profile_now(refresh: bool = args.refresh or args.calibrate_each):
         return calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir or profile_cache_dir(),
                          refresh=refresh, clock=args.clock)
-    if args.zoo or args.heldout:
+    if args.zoo or args.heldout or args.generated:
         return _run_zoo(args, batch_sizes, profile_now)
     return _run_models(args, batch_sizes, profile_now)
 
@@ -115,12 +118,20 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
         gflops = sorted(flops.values())
         networks = (f"{len(models)} timm networks held out from the time model's development (none is in "
                     f"torchvision; {gflops[0]:.2f}-{gflops[-1]:.1f} GFLOPs per 224 px image)")
+    elif args.generated:
+        from spark_cnn.perf_tools.generated_sweep import generated_catalogue
+
+        flops, excluded, networks, shape_of, cost_of = generated_catalogue()
+        models = list(flops)
     else:
         flops = zoo.catalogue()
         models, excluded = zoo.select(flops, args.max_gflops)
         networks = ""
+    if not args.generated:
+        shape_of = cost_of = None
     path = args.json or DEFAULT_ZOO_JSON
-    settings = {"input_shape": list(zoo.ZOO_INPUT_SHAPE), "clock": args.clock, "threads": profile.threads,
+    shape = _generated_shape() if args.generated else list(zoo.ZOO_INPUT_SHAPE)
+    settings = {"input_shape": shape, "clock": args.clock, "threads": profile.threads,
                 "repeats": args.repeats, "warmup": timing.DEFAULT_WARMUP, "point_budget_s": args.point_budget_s,
                 "attribute_at": args.attribute_at}
     started, load = time.perf_counter(), os.getloadavg()[0]
@@ -128,12 +139,18 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
     # recorded beside it, and refusing it would stop an hour-long sweep midway
     calibrate_each = (lambda: profile_now(refresh=True)) if args.calibrate_each else None
     state = zoo.sweep(path, models, batch_sizes, settings=settings, sweeps=args.sweeps, gflops=flops,
-                      log=lambda line: print(line, flush=True), calibrate=calibrate_each)
+                      log=lambda line: print(line, flush=True), calibrate=calibrate_each,
+                      input_shape_of=shape_of)
     print(f"zoo: {len(models)} networks (of {len(flops)}; {len(excluded)} over the budget) measured in "
           f"{(time.perf_counter() - started) / 60:.1f} min, load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
-    judged = zoo.judge(_restricted(state, models, batch_sizes), profile, own_profile=zoo.own_profiles(path, state))
+    judged = zoo.judge(_restricted(state, models, batch_sizes), profile, own_profile=zoo.own_profiles(path, state),
+                       cost_of=cost_of)
     table = zoo.markdown(judged, max_gflops=args.max_gflops, batch_sizes=batch_sizes, clock=args.clock,
                          networks=networks)
+    if args.generated:
+        from spark_cnn.perf_tools.generated_sweep import issue36_targets
+
+        table += issue36_targets(judged)
     print(table, flush=True)
     if args.markdown:
         with open(args.markdown, "w") as f:
@@ -152,6 +169,12 @@ def _restricted(state: dict, models: list[str], batch_sizes: list[int]) -> dict:
         kept[name] = {**entry, "runs": {b: v for b, v in entry["runs"].items() if b in sizes},
                       "spreads": {b: v for b, v in entry["spreads"].items() if b in sizes}}
     return {**state, "models": kept, "failed": {n: why for n, why in state["failed"].items() if n in models}}
+
+
+def _generated_shape() -> str:
+    from spark_cnn.perf_tools.generated_sweep import settings_shape
+
+    return settings_shape()
 
 
 if __name__ == "__main__":

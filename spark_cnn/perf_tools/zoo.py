@@ -221,20 +221,22 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
           gflops: dict[str, float | None], log: Callable[[str], None] = print,
           measure: Callable[..., tuple[float, float, str]] | None = None,
           measure_layers: Callable[..., dict[str, Any]] | None = None,
-          calibrate: Callable[[], Any] | None = None) -> dict[str, Any]:
+          calibrate: Callable[[], Any] | None = None,
+          input_shape_of: Callable[[str], tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Measure what `path` does not hold yet of `models` x `batch_sizes` x `sweeps` (and each model's layers
     at settings["attribute_at"], unless 0), saving after every point; returns the state. `measure` and
     `measure_layers` default to the isolated runners. With `calibrate`, the device is calibrated again
     before each network that has points to measure, and that network is judged against its own profile
     (`own_profiles`): the host's speed drifts by 10-30% within hours (docs/perf-model.md), so one
-    calibration judges only the measurements of its own hour."""
+    calibration judges only the measurements of its own hour. `input_shape_of(name)`: a network's own image
+    shape (default: settings["input_shape"] for all)."""
     from spark_cnn.perf_tools.validate import measure_isolated
 
     measure = measure or measure_isolated
     measure_layers = measure_layers or measure_layers_isolated
     state = load_state(path, settings)
     options = {k: settings[k] for k in ("repeats", "warmup", "point_budget_s", "clock")}
-    shape = tuple(settings["input_shape"])
+    shape_of = input_shape_of or (lambda name, shape=tuple(settings["input_shape"]): shape)
     todo = pending(state, models, batch_sizes, sweeps)
     layers_todo = [name for name in models if settings["attribute_at"] and name not in state["failed"]
                    and "layers" not in state["models"].get(name, {})]
@@ -250,7 +252,7 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
             load = os.getloadavg()[0]
             started = time.perf_counter()
             try:
-                ms, spread, allocator = measure(model, shape, b, settings["threads"], options)
+                ms, spread, allocator = measure(model, shape_of(model), b, settings["threads"], options)
             except Exception as e:  # a model the runner cannot run: recorded, the sweep goes on
                 state["failed"][name] = f"batch {b}: {type(e).__name__}: {e}"
                 save_state(path, state)
@@ -265,7 +267,7 @@ def sweep(path: str, models: Sequence[str], batch_sizes: Sequence[int], *, setti
                 f"{time.perf_counter() - started:.1f} s)")
         if name in layers_todo and name not in state["failed"]:
             entry = _entry(state, name, gflops)
-            entry["layers"] = measure_layers(name, shape, settings["attribute_at"], settings["threads"],
+            entry["layers"] = measure_layers(name, shape_of(name), settings["attribute_at"], settings["threads"],
                                              settings["clock"])
             save_state(path, state)
             log(f"{name}: layers at batch {settings['attribute_at']}: "

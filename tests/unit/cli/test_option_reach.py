@@ -153,7 +153,7 @@ TOOLS = {
                  "point_budget_s": "time per point", "threads": "torch threads", "layers_at": "the per-layer report",
                  "cache_dir": "the device profiles", "refresh": "calibrate again", "calibrate_each": "per model",
                  "clock": "what is timed", "json": "the results file", "zoo": "every torchvision classifier",
-                 "heldout": "the held-out timm networks",
+                 "heldout": "the held-out timm networks", "generated": "the hand-written networks of a frozen seed",
                  "max_gflops": "the zoo's FLOP budget", "attribute_at": "the zoo's per-kind attribution",
                  "markdown": "the zoo's tables"},
 }
