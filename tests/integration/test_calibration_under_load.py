@@ -8,6 +8,11 @@ The best throughput is measured afterwards in the thread's CPU time (validate's 
 that other work on a shared test host moves the target less, in SWEEPS passes over the batch sizes; the pick is
 judged within each pass (its sizes measured seconds apart) and the median pass must reach the target. About 2-3
 minutes on 2 cores (the calibration takes its default budget, twice when noisy).
+
+A performance target, so a benchmark: it runs under `make bench-noisy-calibration` (SPARK_CNN_BENCH=1), not in
+`make test`, where a shared host's noise decides a 95% judgement as often as the calibration does (resnet18's
+batch 8 sits at 93-95% of its batch 32 on a quiet host). The calibration kept with its spread under noise, and
+the strict refusal, are tested without timing in tests/unit/perf/test_noisy_calibration.py.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import pytest
 
 from spark_cnn.perf_tools.calibration import calibrate
 from spark_cnn.perf_tools.validate import PICK_TARGET, validate
+
+pytestmark = pytest.mark.skipif(not os.environ.get("SPARK_CNN_BENCH"),
+                                reason="a benchmark: make bench-noisy-calibration")
 
 # The calibration's torch threads: one, so that validate's CPU clock can time the target.
 THREADS = 1

@@ -57,5 +57,7 @@ def pytest_runtest_call(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    with _guarded(item):
+    # The session's last teardown also finalizes session fixtures of other folders (an integration Spark session
+    # stopping its sidecars): those are not the unit test's.
+    with _guarded(item) if nextitem is not None else contextlib.nullcontext():
         return (yield)
