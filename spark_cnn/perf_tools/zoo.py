@@ -48,7 +48,7 @@ DEFAULT_ATTRIBUTE_AT = 8
 # Forwards timed per layer in the attribution (the minimum kept), after two warm-ups.
 LAYER_REPEATS = 3
 STATE_VERSION = 1
-# The targets of issue 19 on the CPU: MAPE at batch >= 8 (median, 90th percentile), over every size (90th
+# The time model's targets on the CPU: MAPE at batch >= 8 (median, 90th percentile), over every size (90th
 # percentile), the share of networks whose tuner pick reaches PICK_TARGET of the best measured throughput.
 TARGET_MEDIAN_MAPE_GE8 = 5.0
 TARGET_P90_MAPE_GE8 = 10.0

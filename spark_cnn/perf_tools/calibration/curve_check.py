@@ -1,11 +1,10 @@
 """Whether a CPU calibration's transcendental curves can be believed: silu, sigmoid and gelu against relu.
 
 The repeatability check catches a host whose speed changes *during* a calibration. It cannot catch a state
-that lasts: on this project's 2-core Xeon guest, every calibration from 17:13 to 18:08 UTC on 2026-12-02 timed
-silu, sigmoid and gelu 3 to 4 times slower than at any other hour, agreed with itself, and priced every
-efficientnet 14-53% too slow at batch 8, where networks ran them at about their usual speed (docs/perf-model.md,
-"The zoo with the call-warmth probe"; curve_bench now times them behind the sidecar's vector-math guard, an MKL
-call that ends that state: models/vector_math_guard.py).
+that lasts: on a 2-core Xeon guest, every calibration for about an hour timed silu, sigmoid and gelu 3 to 4 times
+slower than usual, agreed with itself, and priced every efficientnet 14-53% too slow at batch 8, where networks ran
+them at about their usual speed (docs/perf-model-journal.md). curve_bench now times them behind the sidecar's
+vector-math guard, an MKL call that ends that state (models/vector_math_guard.py).
 
 What does not move with the hour is the ratio of those kinds to relu at the same bytes: relu (in place) is
 bound by memory, the others by the vector unit's exp/erf, so their ratio is a property of the CPU. Over the

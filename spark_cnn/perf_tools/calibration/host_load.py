@@ -18,7 +18,7 @@ __all__ = ["BUSY_OTHERS_SHARE", "BUSY_STEAL_SHARE", "LoadSnapshot", "describe_lo
 
 # Other processes using over a quarter of the host's CPU while calibration ran: k/4 of a k-core host's cores,
 # caches and memory bandwidth taken from the benchmarks, the order of a Spark job's decoding tasks beside them
-# (the busy-host calibration of issue 19 ran beside one).
+# (a busy-host calibration ran beside one).
 BUSY_OTHERS_SHARE = 0.25
 # The hypervisor taking over 5% of the CPU: the guest's timings then depend on its neighbours.
 BUSY_STEAL_SHARE = 0.05

@@ -96,8 +96,8 @@ def test_the_judgement_takes_no_seed_and_the_makefile_recipe_parses():
         parser.parse_args(["--generated", "--heldout"])
 
 
-def test_issue36_targets_reads_the_set_median_and_the_pick_share():
+def test_no_zoo_targets_reads_the_set_median_and_the_pick_share():
     results = [{"mape_ge8": 5.0, "mape": 8.0, "pick": {"meets": True}}] * 9 + [
         {"mape_ge8": 30.0, "mape": 30.0, "pick": {"meets": False}}]
-    text = generated_sweep.issue36_targets({"results": results})
+    text = generated_sweep.no_zoo_targets({"results": results})
     assert text.count("**not met**") == 0 and "90%" in text and "9 of 10 networks within" in text
