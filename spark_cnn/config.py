@@ -68,20 +68,25 @@ class InputOptions:
 
     format: str = option("auto", name="input_format", group="input", choices=INPUT_FORMATS,
                          help="auto: petastorm if INPUT has a Unischema, parquet if it holds only .parquet files, "
-                              "else images; image = Spark's image data source")
+                              "else images; image = Spark's image data source", reaches="reader", example="images")
     glob: str | None = option(None, group="input",
-                              help="only image files whose name matches, e.g. '*.jpg' or '*.{jpg,png}'")
+                              help="only image files whose name matches, e.g. '*.jpg' or '*.{jpg,png}'",
+                              reaches="reader", example="*.png")
     image_column: str | None = option(None, group="input",
-                                      help="parquet/petastorm: the image column (default: the only one)")
+                                      help="parquet/petastorm: the image column (default: the only one)",
+                                      reaches="reader", example="img")
     path_column: str | None = option(None, group="input", help="parquet/petastorm: the row id written as `path` "
-                                                               "(default: a column named path, id, ...; else file#row)")
+                                                               "(default: a column named path, id, ...; else file#row)",
+                                                               reaches="reader", example="key")
     label_column: str | None = option(None, group="input",
-                                      help="parquet/petastorm: the true class (name or index), for accuracy")
+                                      help="parquet/petastorm: the true class (name or index), for accuracy",
+                                      reaches="reader", example="cls")
     storage_options: tuple[tuple[str, str], ...] = option(
         (), group="input", flag="--storage-option", parse=storage_pairs, metavar="KEY=VALUE", repeatable=True,
         help="object-store inputs (s3://, gs://, abfs://, az://, hdfs://): a setting for the driver's listing and "
              "the tasks' reads, over the store's own credential chain; repeatable. Keys: "
-             f"{', '.join(OPTION_KEYS)} (e.g. endpoint=http://127.0.0.1:9000, region=eu-west-1, anonymous=true)")
+             f"{', '.join(OPTION_KEYS)} (e.g. endpoint=http://127.0.0.1:9000, region=eu-west-1, anonymous=true)",
+             reaches="reader", example="region=eu-west-1")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "storage_options", StorageOptions.parse(self.storage_options).pairs)
@@ -121,24 +126,30 @@ class ModelOptions:
     model: str = option(DEFAULT_MODEL, group="model", default_for=DENSE_DEFAULT_MODELS,
                         help="torchvision model name, TorchScript file, module:factory, timm:NAME[.TAG] (the timm "
                              "extra), or an MLflow PyTorch model: models:/NAME/VERSION, models:/NAME@ALIAS, "
-                             "runs:/RUN_ID/PATH or a local MLflow model directory (the mlflow extra)")
+                             "runs:/RUN_ID/PATH or a local MLflow model directory (the mlflow extra)",
+                             reaches="sidecar", example="mobilenet_v3_small")
     weights: str | None = option(None, group="model",
                                  help="state_dict file (loaded with weights_only=True); for a torchvision model also "
                                       "its weights by name (DEFAULT, IMAGENET1K_V2, ResNet50_Weights.IMAGENET1K_V2: "
                                       "from TORCH_HOME's cache, else downloaded once); for a timm model DEFAULT "
-                                      "(timm's pretrained weights); or random")
+                                      "(timm's pretrained weights); or random",
+                                      reaches="sidecar", example="weights.pth")
     resize: int | None = option(None, **_PREPROCESSING,
                                 help="shorter side before cropping (default: the weights' or the model's, else 256); "
                                      "segment: the shorter side an image is sent at (default: the weights', "
-                                     "else 520)")
+                                     "else 520)", reaches="sidecar", example="288")
     crop: int | None = option(None, group="model", commands=CROP_COMMANDS, command_only=True,
-                              help="centre crop size (default: the weights' or the model's, else 224)")
+                              help="centre crop size (default: the weights' or the model's, else 224)",
+                              reaches="sidecar", example="256")
     interpolation: str | None = option(None, **_PREPROCESSING, choices=INTERPOLATIONS,
-                                       help="resize filter (default: the weights' or the model's, else bilinear)")
+                                       help="resize filter (default: the weights' or the model's, else bilinear)",
+                                       reaches="sidecar", example="bicubic")
     mean: tuple[float, ...] | None = option(None, **_PREPROCESSING, parse=floats, metavar="R,G,B",
-                                            help="normalisation mean (default: the weights', else ImageNet)")
+                                            help="normalisation mean (default: the weights', else ImageNet)",
+                                            reaches="sidecar", example="0.4,0.4,0.4")
     std: tuple[float, ...] | None = option(None, **_PREPROCESSING, parse=floats, metavar="R,G,B",
-                                           help="normalisation std (default: the weights', else ImageNet)")
+                                           help="normalisation std (default: the weights', else ImageNet)",
+                                           reaches="sidecar", example="0.3,0.3,0.3")
 
     def value(self) -> ModelSpec:
         prep = {k: getattr(self, k) for k in PREPROCESSING_OPTIONS if getattr(self, k) is not None}
@@ -159,54 +170,65 @@ class InferenceOptions:
     labels: str | Sequence[str] | None = option(
         None, group="model", commands=(*CLASS_COMMANDS, "detect", "segment"),
         help="class names, one per line, in class-index order (default: the named torchvision weights' "
-             "categories, or timm's pretrained label names)")
+             "categories, or timm's pretrained label names)", reaches="tasks", example="labels.txt")
     top_k: int | None = option(None, group="model", commands=CLASS_COMMANDS,
-                               help="classes to keep per image (default: min(5, classes))")
-    logits: bool = option(False, group="output", commands=CLASS_COMMANDS, help="add the logits column")
+                               help="classes to keep per image (default: min(5, classes))",
+                               reaches="sidecar", example="3")
+    logits: bool = option(False, group="output", commands=CLASS_COMMANDS, help="add the logits column",
+                          reaches="sidecar")
     embeddings: bool = option(False, group="output", commands=CLASS_COMMANDS,
-                              help="add the embedding column (last layer's input)")
+                              help="add the embedding column (last layer's input)", reaches="sidecar")
     layer: str | None = option(None, group="model", commands=("embed",),
                                help="module whose output is the embedding (a name from the model's named_modules(), "
-                                    "e.g. layer4; averaged over space; default: the input of the last Linear layer)")
+                                    "e.g. layer4; averaged over space; default: the input of the last Linear layer)",
+                                    reaches="sidecar", example="features")
     output_kind: str = option(CLASSES, group="output", commands=CLASS_COMMANDS, flag="--output", metavar="KIND",
                               choices=OUTPUT_KINDS,
                               help="classes: label, score, top-k; raw: the model's one output tensor per image as "
                                    "`raw` (array<float>, row-major) and `shape` (array<int>), for any model that is "
-                                   "not a classifier")
+                                   "not a classifier", reaches="sidecar", example="raw")
     batch_size: int | None = same_as(RunOptions, "batch_size")
-    device: str = option("auto", help="auto | cpu | cuda | cuda:N")
+    device: str = option("auto", help="auto | cpu | cuda | cuda:N", reaches="tasks", example="cpu")
     precision: str = same_as(RunOptions, "precision")
     channels_last: bool | None = same_as(RunOptions, "channels_last")
     compile: bool = same_as(RunOptions, "compile")
     decode: str = option(DEFAULT_DECODE_PLACE, choices=DECODE_CHOICES,
                          help="where images are decoded: Spark tasks, sidecar threads, or the GPU (nvJPEG); auto: "
-                              "the sidecar picks from its device, the decode cost and the model's predicted rate")
+                              "the sidecar picks from its device, the decode cost and the model's predicted rate",
+                              reaches="tasks", example="sidecar")
     threads: int | None = option(None, help="torch CPU threads per compute thread of a CPU sidecar (default: half "
-                                            "the cores; up to two compute threads cover the cores)")
+                                            "the cores; up to two compute threads cover the cores)",
+                                            reaches="tasks", example="2")
     on_error: str = option("record", choices=ON_ERROR_CHOICES,
-                           help="an unreadable image: record it in the error column, or fail the job")
-    request_rows: int = option(DEFAULT_REQUEST_ROWS, commands=(), help="rows per request a task sends its sidecar")
+                           help="an unreadable image: record it in the error column, or fail the job",
+                           reaches="tasks", example="fail")
+    request_rows: int = option(DEFAULT_REQUEST_ROWS, commands=(), help="rows per request a task sends its sidecar",
+                               reaches="tasks", example="32")
     max_in_flight: int = option(DEFAULT_MAX_IN_FLIGHT, commands=(),
-                                help="requests a task keeps unanswered at its sidecar")
+                                help="requests a task keeps unanswered at its sidecar", reaches="tasks", example="8")
     idle_timeout_s: float = option(DEFAULT_IDLE_TIMEOUT_S, commands=(),
-                                   help="seconds a sidecar with no connection waits before it exits")
+                                   help="seconds a sidecar with no connection waits before it exits",
+                                   reaches="tasks", example="600")
     max_pixels: int = same_as(DecodeOptions, "max_pixels")
     max_file_bytes: int = same_as(DecodeOptions, "max_file_bytes")
     request_timeout_s: float = option(REPLY_TIMEOUT_S, flag="--request-timeout", metavar="SECONDS",
                                       help="a sidecar that neither answers a request nor completes any batch for "
                                            "this long is stopped and the task retried; waiting behind other tasks' "
-                                           "batches does not count")
+                                           "batches does not count", reaches="tasks", example="600")
     device_profile: str | None = option(None, metavar="FILE",
                                         help="a device profile exported with `spark-cnn profile --export` (on a host "
                                              "of the executors' device): the sidecars start their batch size from it "
-                                             "instead of their own cached profile")
+                                             "instead of their own cached profile",
+                                             reaches="sidecar", example="h200.json")
     # classify | detect | segment (task/schema.py TASKS): what the model must compute; set by the command
-    task: str = option("classify", commands=(), command_only=True, help="what the model computes (the command)")
+    task: str = option("classify", commands=(), command_only=True, help="what the model computes (the command)",
+                       reaches="sidecar")
     min_score: float = option(0.0, group="model", commands=("detect",), command_only=True,
-                              help="drop boxes scoring less (0: keep all the model keeps)")
+                              help="drop boxes scoring less (0: keep all the model keeps)",
+                              reaches="sidecar", example="0.5")
     max_detections: int | None = option(None, group="model", commands=("detect",), command_only=True,
                                         help="keep at most this many boxes per image, best first (default: the "
-                                             "model's limit)")
+                                             "model's limit)", reaches="sidecar", example="3")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, ModelSpec):
@@ -328,19 +350,22 @@ class ClassifyConfig:
     (3, 'auto')
     """
 
-    input: str = option(metavar="INPUT", help="folder of images (searched recursively), path or URI")
-    output: str = option(metavar="OUTPUT", help="Parquet output directory, path or URI")
+    input: str = option(metavar="INPUT", help="folder of images (searched recursively), path or URI", reaches="driver")
+    output: str = option(metavar="OUTPUT", help="Parquet output directory, path or URI", reaches="driver")
     inference: InferenceOptions = nested()
     inputs: InputOptions = nested(InputOptions())
-    master: str | None = option(None, help="Spark master URL (default: Spark's, local[*] outside spark-submit)")
-    summary: str | None = option(None, group="output", help="also write the JSON summary here")
+    master: str | None = option(None, help="Spark master URL (default: Spark's, local[*] outside spark-submit)",
+                                reaches="driver", example="local[1]")
+    summary: str | None = option(None, group="output", help="also write the JSON summary here",
+                                 reaches="driver", example="summary.json")
     partition_by: str | None = option(None, group="output", commands=(*CLASS_COMMANDS, "embed"),
-                                      choices=PARTITION_COLUMNS, help="partition the Parquet output by this column")
-    overwrite: bool = option(False, group="output", help="replace OUTPUT if it exists")
-    quiet: bool = option(False, group="output", help="print nothing but errors")
+                                      choices=PARTITION_COLUMNS, help="partition the Parquet output by this column",
+                                      reaches="driver", example="label")
+    overwrite: bool = option(False, group="output", help="replace OUTPUT if it exists", reaches="driver")
+    quiet: bool = option(False, group="output", help="print nothing but errors", reaches="driver")
     remote: str | None = option(None, metavar="sc://HOST:PORT",
                                 help="run on this Spark Connect server (default: SPARK_REMOTE when set, as pyspark "
-                                     "reads it)")
+                                     "reads it)", reaches="driver", example="sc://127.0.0.1:15002")
 
     def __post_init__(self) -> None:
         if not self.input:
@@ -392,16 +417,19 @@ class EtlConfig:
     classify: ClassifyConfig = nested()
     # Not required by the parser: a preset or spark.cnn.checkpoint may give it; __post_init__ insists on it.
     checkpoint: str = option("", group="incremental", metavar="DIR",
-                             help="where the stream remembers which images are done (keep it with OUTPUT; required)")
+                             help="where the stream remembers which images are done (keep it with OUTPUT; required)",
+                             reaches="driver", example="checkpoint/")
     max_files_per_trigger: int = option(DEFAULT_MAX_FILES_PER_TRIGGER, group="incremental", metavar="N",
-                                        help="images per micro-batch: a killed run redoes at most one batch")
+                                        help="images per micro-batch: a killed run redoes at most one batch",
+                                        reaches="driver", example="1000")
     max_bytes_per_trigger: int = option(DEFAULT_MAX_BYTES_PER_TRIGGER, group="incremental", metavar="SIZE",
                                         parse=byte_size, default_text=f"{DEFAULT_MAX_BYTES_PER_TRIGGER >> 30}g",
                                         help="bytes of input per micro-batch, e.g. 2g: large photos end a batch "
-                                             "before --max-files-per-trigger does")
+                                             "before --max-files-per-trigger does", reaches="driver", example="512m")
     settle_s: float = option(DEFAULT_SETTLE_S, name="settle_seconds", group="incremental", metavar="S",
                              help="take a file only once nothing has changed it for S seconds, so a copy in "
-                                  "progress waits for the next run; 0: take every file at once")
+                                  "progress waits for the next run; 0: take every file at once",
+                                  reaches="driver", example="120")
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -439,15 +467,20 @@ class PetastormConfig:
     """Everything `spark-cnn to-petastorm` needs: images in (any input format, read as the classify job reads
     them, under the same decode guard rails), a Petastorm dataset out."""
 
-    input: str = option(metavar="INPUT", help="image folder, Parquet table or Petastorm dataset")
-    output: str = option(metavar="OUTPUT", help="the Petastorm dataset directory to write, path or URI")
+    input: str = option(metavar="INPUT", help="image folder, Parquet table or Petastorm dataset", reaches="driver")
+    output: str = option(metavar="OUTPUT", help="the Petastorm dataset directory to write, path or URI",
+                         reaches="driver")
     inputs: InputOptions = nested(InputOptions())
     decode_options: DecodeOptions = nested(DEFAULT_DECODE)
     codec: str = option(WRITE_CODECS[0], group="output", choices=WRITE_CODECS,
-                        help="how images are stored: png (lossless), jpeg, or ndarray (raw RGB arrays)")
-    jpeg_quality: int = option(DEFAULT_JPEG_QUALITY, group="output", help="with --codec jpeg: 1..100")
-    row_group_mb: int = option(DEFAULT_ROW_GROUP_MB, group="output", help="Parquet row group size in MiB")
+                        help="how images are stored: png (lossless), jpeg, or ndarray (raw RGB arrays)",
+                        reaches="tasks", example="jpeg")
+    jpeg_quality: int = option(DEFAULT_JPEG_QUALITY, group="output", help="with --codec jpeg: 1..100",
+                               reaches="tasks", example="90")
+    row_group_mb: int = option(DEFAULT_ROW_GROUP_MB, group="output", help="Parquet row group size in MiB",
+                               reaches="driver", example="128")
     master: str | None = same_as(ClassifyConfig, "master")
+    remote: str | None = same_as(ClassifyConfig, "remote")
     on_error: str = same_as(InferenceOptions, "on_error")
     overwrite: bool = same_as(ClassifyConfig, "overwrite")
     quiet: bool = same_as(ClassifyConfig, "quiet")
@@ -456,6 +489,7 @@ class PetastormConfig:
         if not self.input or not self.output:
             raise ConfigError("INPUT and OUTPUT must both be given")
         check_choices(self)
+        check_remote(self.master, self.remote)
         if not 1 <= self.jpeg_quality <= 100:
             raise ConfigError(f"--jpeg-quality {self.jpeg_quality}: expected 1..100")
         if self.row_group_mb < 1:

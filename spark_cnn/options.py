@@ -37,6 +37,10 @@ NESTED = "spark_cnn.nested"
 VIA = "spark_cnn.via"
 # The --help groups, in the order --help lists them.
 GROUPS = ("input", "model", "run", "output", "incremental")
+# Where a job option's value is read (docs/options.md's "read by"; tests/unit/cli/test_option_reach.py holds each
+# declaration to it): the driver's reader of INPUT, the Spark tasks (the InferencePlan), the sidecar (the HELLO:
+# the model, how it runs, how images decode), or the driver alone.
+READERS = ("reader", "tasks", "sidecar", "driver")
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,16 @@ class Declared:
     default_text: str | None = None  # the default as --help and the docs show it, when not the value itself
     default_for: tuple[tuple[str, Any], ...] = ()  # (command, default) where a command has its own default
     repeatable: bool = False  # the flag may be given more than once; `parse` adds the values up
+    reaches: str | None = None  # one of READERS for a job option; None for a tool's (bench-sidecar's)
+    reaches_for: tuple[tuple[str, str], ...] = ()  # (command, reader) where a command reads it elsewhere
+    example: str | None = None  # a value other than the default, as typed after the flag (none for a switch)
 
     def __post_init__(self) -> None:
         if self.group not in GROUPS:
             raise TypeError(f"option group {self.group!r}: expected one of {GROUPS}")
+        for reader in (self.reaches, *dict(self.reaches_for).values()):
+            if reader is not None and reader not in READERS:
+                raise TypeError(f"option reaches {reader!r}: expected one of {READERS}")
 
 
 def option(default: Any = MISSING, *, help: str, choices: Sequence | None = None, **declared) -> Any:

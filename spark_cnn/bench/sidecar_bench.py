@@ -28,17 +28,19 @@ import numpy as np
 from spark_cnn.bench.tiny import IDENTITY_FACTORY
 from spark_cnn.bench.variant_task import bench_task, random_torchvision
 from spark_cnn.bench.variants import IDENTITY_MODEL
+from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import preprocess_pixels
 from spark_cnn.imaging.samples import bench_jpegs
 from spark_cnn.imaging.sizing import sized_pixels
 from spark_cnn.models.spec import Endpoint
+from spark_cnn.options import check_choices, option, same_as
 from spark_cnn.task import protocol
 from spark_cnn.task.client import SidecarClient, map_ordered
 from spark_cnn.task.launcher import RUNTIME_DIR_ENV, LaunchOptions, ensure_sidecar, stop_sidecars
 from spark_cnn.task.procs import ExecutorProcess, process_id
 from spark_cnn.task.protocol import SizedImages
-from spark_cnn.task.run_options import PIXELS_DECODE_PLACE, RunOptions
+from spark_cnn.task.run_options import DECODE_PLACES, PIXELS_DECODE_PLACE, RunOptions
 
 # Distinct images the clients cycle through: enough that no cache makes repeats free.
 BENCH_IMAGES = 32
@@ -56,21 +58,39 @@ DENSE_BENCH_SHAPES = ((320, 320), (240, 427), (427, 320), (400, 600))
 
 @dataclass(frozen=True)
 class SidecarBenchConfig:
-    model: str = "mobilenet_v3_small"
-    clients: int = 4
-    request_size: int = 1
-    batch_size: int | None = None  # the `on` target; None: the sidecar's choice for its device
-    device: str = "auto"
-    decode: str = PIXELS_DECODE_PLACE  # clients send pixels, as the tasks do
-    precision: str = "auto"
-    channels_last: bool | None = None
-    compile: bool = False
-    threads: int | None = None
-    warmup_s: float = 3.0
-    measure_s: float = 10.0
-    rounds: int = 2
-    max_in_flight: int | None = None  # requests per client; None: ROWS_IN_FLIGHT_PER_CLIENT worth of rows
-    image_size: int | None = None  # square input side (resize and crop); None: the model's own
+    """bench-sidecar's options, declared once (spark_cnn/options.py): its flags are generated from them. How the
+    sidecar serves (batch size, device, precision, layout, compile, threads) are the jobs' own declarations."""
+
+    model: str = option("mobilenet_v3_small", group="model",
+                        help="torchvision model (random weights; a detection or segmentation builder sends each "
+                             "image at its own size), or identity: a near-free model that measures what serving "
+                             "alone costs")
+    clients: int = option(4, help="client processes")
+    request_size: int = option(1, help="images per request")
+    batch_size: int | None = same_as(RunOptions, "batch_size", help="target batch with batching on: auto or N")
+    device: str = same_as(InferenceOptions, "device")
+    # Not the jobs' --decode: a concrete place, since the clients must know whether to send pixels or files.
+    decode: str = option(PIXELS_DECODE_PLACE, choices=DECODE_PLACES,
+                         help="task: clients send pixels, as the tasks do; sidecar/gpu: clients send JPEG files")
+    precision: str = same_as(RunOptions, "precision")
+    channels_last: bool | None = same_as(RunOptions, "channels_last")
+    compile: bool = same_as(RunOptions, "compile")
+    threads: int | None = same_as(InferenceOptions, "threads",
+                                  help="torch CPU threads in the sidecar and the device-only run")
+    warmup_s: float = option(3.0, flag="--warmup", metavar="S", help="warm-up seconds before each measurement")
+    measure_s: float = option(10.0, flag="--seconds", metavar="S", help="measured seconds per mode and round")
+    rounds: int = option(2, help="off/on alternations")
+    max_in_flight: int | None = option(None, flag="--in-flight", metavar="N",
+                                       help="requests each client keeps in flight (default: 64 images' worth)")
+    image_size: int | None = option(None, help="square input side in pixels (resize and crop; default: the "
+                                               "model's own, 32 for identity)")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if min(self.clients, self.request_size, self.rounds, self.image_size or 1, self.max_in_flight or 1) < 1 \
+                or not self.measure_s > 0 or self.warmup_s < 0:
+            raise ConfigError("--clients, --request-size, --rounds, --seconds, --in-flight and --image-size must be "
+                              "positive (--warmup 0 or more)")
 
     @property
     def requests_in_flight(self) -> int:

@@ -27,9 +27,11 @@ Generated from the declarations in `spark_cnn/config.py` by `python -m spark_cnn
 edit by hand. Each option resolves as **flag > preset > Spark conf > default** (README, "Presets and where options
 come from"). A preset spells the key as below (underscores are accepted too); Spark conf takes text.
 "Flag in" lists the commands with the flag; an option without one is set by a preset or `spark.cnn.*` only.
+"Read by" says where the value is used: the driver's reader of INPUT, the Spark tasks, the sidecar (it travels in
+the tasks' HELLO), or the driver alone; a unit test holds each declaration to it.
 
-| option | preset key | Spark conf | default | choices | flag in | what it does |
-| --- | --- | --- | --- | --- | --- | --- |
+| option | preset key | Spark conf | default | choices | example | flag in | read by | what it does |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
 
@@ -51,9 +53,12 @@ def _row(by_command: dict[str, Option]) -> str:
     shown = "; ".join([f"`{default}`" if default is not None else "", *others]).strip("; ")
     name = first.metavar if first.positional else (first.flag or next(
         (option.flag for option in by_command.values() if option.flag), None) or "")
+    readers = {command: option.reaches for command, option in by_command.items()}
+    read_by = "; ".join([first.reaches or "", *(f"{command}: {reader}" for command, reader in readers.items()
+                                                if reader != first.reaches)]).strip("; ")
     cells = [f"`{name}`" if name else "", f"`{first.preset_key}`", f"`{first.conf_key}`", shown,
-             ", ".join(f"`{c}`" for c in first.choices or ()), ", ".join(flags) or "(preset/conf only)",
-             first.help]
+             ", ".join(f"`{c}`" for c in first.choices or ()), f"`{first.example}`" if first.example else "",
+             ", ".join(flags) or "(preset/conf only)", read_by, first.help]
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 

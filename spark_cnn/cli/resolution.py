@@ -54,6 +54,8 @@ class Option:
     repeatable: bool = False
     default_text: str | None = None
     positional: bool = False  # INPUT, OUTPUT
+    reaches: str | None = None  # where the value is read (spark_cnn.options.READERS)
+    example: str | None = None  # a non-default value as typed after the flag
 
     @property
     def preset_key(self) -> str:
@@ -99,7 +101,8 @@ def _option(name: str, leaf: ConfigField, spec: Declared, *, command: str, has_f
                   flag=None if positional or not has_flag else spec.flag or "--" + name.replace("_", "-"),
                   help=spec.help, metavar=spec.metavar, group=spec.group,
                   negatable=kind is bool and type(None) in typing.get_args(leaf.hint), repeatable=spec.repeatable,
-                  default_text=spec.default_text, positional=positional)
+                  default_text=spec.default_text, positional=positional, example=spec.example,
+                  reaches=dict(spec.reaches_for).get(command, spec.reaches))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,8 @@ DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 # A single file must fit one sidecar message (protocol.MAX_PAYLOAD_BYTES = 1 GiB) with room to spare.
 MAX_FILE_BYTES_CEILING = 512 * 1024 * 1024
 JPEG_DECODERS = ("auto", "pillow", "simplejpeg")
+# The limits are the sidecar's in a job (DecodeOptions travel in the HELLO); to-petastorm has no sidecar: its tasks.
+NO_SIDECAR = (("to-petastorm", "tasks"),)
 # The image formats decoded, as Pillow names them (MPO, the multi-picture JPEG, opens as JPEG). Pillow knows
 # some forty; the others are refused before any of their code parses a byte: EPS runs Ghostscript where it is
 # installed, and most bring parsers that see little use or fuzzing. Each is an error row naming its format.
@@ -64,9 +66,12 @@ class DecodeOptions:
     """
 
     max_pixels: int = option(DEFAULT_MAX_PIXELS, help="refuse images with more pixels, from the header, before "
-                             "decoding (decompression bombs; the default is Pillow's own warning threshold)")
+                             "decoding (decompression bombs; the default is Pillow's own warning threshold)",
+                             reaches="sidecar",
+                             reaches_for=NO_SIDECAR, example="50000000")
     max_file_bytes: int = option(DEFAULT_MAX_FILE_BYTES, help="refuse larger files before parsing them",
-                                 default_text=f"{DEFAULT_MAX_FILE_BYTES} (64 MiB)")
+                                 default_text=f"{DEFAULT_MAX_FILE_BYTES} (64 MiB)", reaches="sidecar",
+                                 reaches_for=NO_SIDECAR, example="16777216")
     reduced_dct: bool = True
     jpeg_decoder: str = "auto"
     dct_headroom: int = DEFAULT_DCT_HEADROOM

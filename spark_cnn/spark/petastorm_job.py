@@ -9,7 +9,6 @@ into place, so petastorm never sees a half-written one.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,16 +17,16 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from spark_cnn.config import REMOTE_ENV, PetastormConfig
-from spark_cnn.errors import ConfigError, ImageError, InputError
+from spark_cnn.config import PetastormConfig
+from spark_cnn.errors import ImageError, InputError
 from spark_cnn.formats import petastorm
 from spark_cnn.formats.encodings import FILE_ENCODINGS, LOCAL_FILES, decoded_rgb
 from spark_cnn.spark.job_io import check_local_paths, check_paths, job_session, publish, staging_uri, task_error
 from spark_cnn.spark.planning import ReadPlan, plan_reading
-from spark_cnn.spark.session import is_connect
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource, open_source
-from spark_cnn.spark.storage import HadoopFS, to_uri
+from spark_cnn.spark.storage import job_filesystem, to_uri
 from spark_cnn.task.files import read_listed_file
+from spark_cnn.task.object_store import StorageOptions
 
 MIB = 1 << 20
 
@@ -93,12 +92,9 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
     """Write the images of `config.input` as a Petastorm dataset at `config.output`; returns a summary."""
     input_uri, output_uri = to_uri(config.input), to_uri(config.output)
     check_local_paths(input_uri, output_uri, config.overwrite, storage_options=config.inputs.storage_options)
-    if is_connect(spark) if spark is not None else os.environ.get(REMOTE_ENV):
-        # it writes Petastorm's metadata through the JVM's Hadoop FileSystem
-        raise ConfigError("to-petastorm runs on a classic Spark session, not on Spark Connect: unset "
-                          f"{REMOTE_ENV} (or pass a classic session)")
-    with job_session(spark, master=config.master, quiet=config.quiet, outputs=(output_uri,)) as spark:
-        fs = HadoopFS(spark)
+    with job_session(spark, master=config.master, remote=config.remote, quiet=config.quiet,
+                     outputs=(output_uri,)) as spark:
+        fs = job_filesystem(spark, StorageOptions.parse(config.inputs.storage_options))
         check_paths(fs, input_uri, output_uri, config.overwrite, input_name=config.input, output_name=config.output)
         source = open_source(spark, input_uri, config.inputs)
         schema = petastorm.image_unischema(config.codec, with_label=source.has_labels,
@@ -113,8 +109,8 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
              .option("parquet.block.size", config.row_group_mb * MIB)
              .option("parquet.summary.metadata.level", "NONE")
              .parquet(staging))
-            _write_bytes(spark, staging + "/" + petastorm.COMMON_METADATA,
-                         petastorm.common_metadata(schema, row_groups_per_file(spark, staging)))
+            fs.write_bytes(staging + "/" + petastorm.COMMON_METADATA,
+                           petastorm.common_metadata(schema, row_groups_per_file(fs, staging)))
         except InputError:
             fs.delete(staging)
             raise
@@ -130,32 +126,8 @@ def to_petastorm(config: PetastormConfig, *, spark: SparkSession | None = None) 
                 "codec": config.codec, "fields": list(schema.fields), "output": output_uri}
 
 
-def row_groups_per_file(spark: SparkSession, dataset_uri: str) -> dict[str, int]:
-    """{path relative to the dataset: row groups} for every visible Parquet file, read from the footers."""
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    root = jvm.org.apache.hadoop.fs.Path(dataset_uri)
-    fs = root.getFileSystem(conf)
-    root_text = fs.makeQualified(root).toString().rstrip("/") + "/"
-    files = fs.listFiles(root, True)
-    counts = {}
-    while files.hasNext():
-        path = files.next().getPath()
-        relative = path.toString()[len(root_text):]
-        if relative.endswith(".parquet") and not any(part.startswith(("_", ".")) for part in relative.split("/")):
-            reader = jvm.org.apache.parquet.hadoop.ParquetFileReader.open(
-                jvm.org.apache.parquet.hadoop.util.HadoopInputFile.fromPath(path, conf))
-            try:
-                counts[relative] = reader.getRowGroups().size()
-            finally:
-                reader.close()
-    return counts
-
-
-def _write_bytes(spark: SparkSession, uri: str, data: bytes) -> None:
-    path = spark.sparkContext._jvm.org.apache.hadoop.fs.Path(uri)
-    stream = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).create(path, True)
-    try:
-        stream.write(bytearray(data))
-    finally:
-        stream.close()
+def row_groups_per_file(fs, dataset_uri: str) -> dict[str, int]:
+    """{path relative to the dataset: row groups} for every visible Parquet file, read from the footers through
+    the job's filesystem (storage.HadoopFS or ArrowFS)."""
+    return {relative: fs.parquet_row_groups(dataset_uri, relative) for relative in sorted(fs.list_files(dataset_uri))
+            if relative.endswith(".parquet") and not any(part.startswith(("_", ".")) for part in relative.split("/"))}

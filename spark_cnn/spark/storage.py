@@ -80,10 +80,13 @@ class HadoopFS:
             raise OSError(f"could not rename {source} to {target}")
 
     def write_text(self, uri: str, text: str) -> None:
+        self.write_bytes(uri, text.encode("utf-8"))
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
         fs, path = self._fs_path(uri)
         stream = fs.create(path, True)
         try:
-            stream.write(bytearray(text.encode("utf-8")))
+            stream.write(bytearray(data))
         finally:
             stream.close()
 
@@ -117,6 +120,16 @@ class HadoopFS:
         """`uri` as its filesystem names it: the default scheme and authority filled in, `.` and `..` resolved."""
         fs, path = self._fs_path(uri)
         return str(fs.makeQualified(path).toString())
+
+    def parquet_row_groups(self, uri: str, relative: str) -> int:
+        """Row groups of the Parquet file `relative` below folder `uri`, from its footer."""
+        fs, path = self._fs_path(uri.rstrip("/") + "/" + relative)
+        hadoop = self._jvm.org.apache.parquet.hadoop
+        reader = hadoop.ParquetFileReader.open(hadoop.util.HadoopInputFile.fromPath(path, self._conf))
+        try:
+            return int(reader.getRowGroups().size())
+        finally:
+            reader.close()
 
 
 # What Hadoop says when no FileSystem class serves a scheme: none is configured (gs:, abfs: without their
@@ -223,11 +236,24 @@ class ArrowFS:
         fs.delete_dir(src)
 
     def write_text(self, uri: str, text: str) -> None:
+        self.write_bytes(uri, text.encode("utf-8"))
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
         fs, path = self._fs_path(uri)
         if not is_store_uri(uri):
             fs.create_dir(posixpath.dirname(path), recursive=True)  # as Hadoop's create makes missing parents
         with fs.open_output_stream(path) as stream:
-            stream.write(text.encode("utf-8"))
+            stream.write(data)
+
+    def parquet_row_groups(self, uri: str, relative: str) -> int:
+        """Row groups of the Parquet file `relative` below folder `uri`, from its footer."""
+        import pyarrow.parquet as pq
+        fs, path = self._fs_path(uri.rstrip("/") + "/" + relative)
+        try:
+            with fs.open_input_file(path) as f:
+                return pq.ParquetFile(f).metadata.num_row_groups
+        except OSError as e:
+            raise InputError(storage_error(uri, e)) from e
 
     def read_text(self, uri: str) -> str:
         return self.read_bytes(uri).decode("utf-8")

@@ -47,12 +47,12 @@ class RunOptions:
     """
 
     batch_size: int | None = option(None, help="rows per device batch: auto or N", parse=parse_batch_size,
-                                    default_text="auto", metavar="auto|N")
+                                    default_text="auto", metavar="auto|N", reaches="sidecar", example="8")
     precision: str = option("auto", choices=PRECISIONS,
                             help="auto: fp32 on CPU; on CUDA bf16 where top-1 agrees with fp32 on >= 99% of the "
-                                 "first images")
-    channels_last: bool | None = option(None, help="NHWC memory layout (default: on for CUDA)")
-    compile: bool = option(False, help="torch.compile the model in the sidecar")
+                                 "first images", reaches="sidecar", example="fp16")
+    channels_last: bool | None = option(None, help="NHWC memory layout (default: on for CUDA)", reaches="sidecar")
+    compile: bool = option(False, help="torch.compile the model in the sidecar", reaches="sidecar")
     device_profile: str | None = None  # the JSON, not an option: InferenceOptions.device_profile names the file
 
     def __repr__(self) -> str:  # the profile's JSON is tens of KB: name it, do not print it

@@ -137,3 +137,33 @@ def test_jobs_on_connect_with_remote_and_spark_remote_write_the_classic_rows(con
     assert sidecar["images"] == summary["ok"] and sidecar["requests"] >= 1
     connect_server.app_id = summary["app_id"]
     assert sidecar_pids(summary["app_id"]) == [sidecar["pid"]]  # the job left it to its executor: shared server
+
+
+def test_to_petastorm_on_connect_writes_the_dataset_the_classic_session_writes(connect_server, spark, mixed_folder,
+                                                                              tmp_path):
+    import pyarrow.parquet as pq
+
+    from spark_cnn.config import PetastormConfig
+    from spark_cnn.formats import petastorm
+    from spark_cnn.spark.petastorm_job import to_petastorm
+
+    spark_cnn_bin = os.path.join(os.path.dirname(sys.executable), "spark-cnn")
+    on_connect, classic = str(tmp_path / "connect"), str(tmp_path / "classic")
+    _run([spark_cnn_bin, "to-petastorm", mixed_folder, on_connect, "--remote", connect_server.url, "--quiet"])
+    to_petastorm(PetastormConfig(mixed_folder, classic, quiet=True), spark=spark)
+
+    def rows(dataset: str) -> dict:
+        return {row["path"]: row for row in pq.read_table(dataset).to_pylist()}
+
+    assert rows(on_connect) == rows(classic) and any(row["error"] for row in rows(classic).values())
+    # Petastorm's metadata, written through pyarrow.fs on Connect: the schema and every file's row groups.
+    metadata = pq.read_schema(os.path.join(on_connect, petastorm.COMMON_METADATA)).metadata
+    files = {name for name in os.listdir(on_connect) if name.endswith(".parquet")}
+    counts = json.loads(metadata[petastorm.ROW_GROUPS_PER_FILE_KEY])
+    assert set(counts) == files and all(counts[name] == pq.ParquetFile(os.path.join(on_connect, name)).num_row_groups
+                                        for name in files)
+    def unischema(dataset: str):
+        with open(os.path.join(dataset, petastorm.COMMON_METADATA), "rb") as f:
+            return petastorm.read_unischema(f.read(), source=dataset)
+
+    assert list(unischema(on_connect).fields) == list(unischema(classic).fields)

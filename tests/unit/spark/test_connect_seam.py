@@ -71,13 +71,3 @@ def test_the_partitions_sidecar_counters_ride_on_one_row_of_its_last_non_empty_b
 def test_a_partition_without_rows_reports_nothing():
     assert list(stats_on_last_batch(iter([_batch([])]), SidecarCounters()))[0].num_rows == 0
     assert list(stats_on_last_batch(iter([]), SidecarCounters({"requests": 1}))) == []
-
-
-def test_to_petastorm_refuses_spark_connect_before_a_session_starts(monkeypatch, tmp_path):
-    from spark_cnn.config import PetastormConfig
-    from spark_cnn.spark.petastorm_job import to_petastorm
-
-    monkeypatch.setenv("SPARK_REMOTE", "sc://127.0.0.1:1")  # nothing listens: a session would fail differently
-    (tmp_path / "in").mkdir()
-    with pytest.raises(ConfigError, match="to-petastorm runs on a classic Spark session.*unset SPARK_REMOTE"):
-        to_petastorm(PetastormConfig(str(tmp_path / "in"), str(tmp_path / "out")))
