@@ -16,7 +16,7 @@ SLOW_LAYERS = ("integration", "e2e")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Integration and e2e tests are `slow` without saying so; unit tests that start processes say it."""
+    """Integration and e2e tests are `slow` without saying so; unit tests start none (tests/unit/conftest.py)."""
     for item in items:
         layer = os.path.relpath(str(item.path), TESTS_DIR).split(os.sep)[0]
         if layer in SLOW_LAYERS:

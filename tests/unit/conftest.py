@@ -1,5 +1,5 @@
-"""Unit tests start no process and do not sleep: both raise here, so a test that needs either says so by living in
-tests/integration (or, for a few, by the `slow` mark). Patterned on Ray Data's tests/unit/conftest.py.
+"""Unit tests start no process and do not sleep: both raise here, so a test that needs either lives in
+tests/integration. Patterned on Ray Data's tests/unit/conftest.py.
 
 The guard wraps each test's set-up, call and tear-down rather than being a fixture, so that fixtures of every
 scope (a session fixture that calibrates, a module one that starts a sidecar) are held to it too."""
@@ -36,22 +36,15 @@ def _no_process_no_sleep():
         yield
 
 
-def _guarded(item: pytest.Item):
-    """The guard for this item, or nothing for a test marked slow (it says it starts processes)."""
-    if item.get_closest_marker("slow"):
-        return contextlib.nullcontext()
-    return _no_process_no_sleep()
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item):
-    with _guarded(item):
+    with _no_process_no_sleep():
         return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    with _guarded(item):
+    with _no_process_no_sleep():
         return (yield)
 
 
@@ -59,5 +52,5 @@ def pytest_runtest_call(item):
 def pytest_runtest_teardown(item, nextitem):
     # The session's last teardown also finalizes session fixtures of other folders (an integration Spark session
     # stopping its sidecars): those are not the unit test's.
-    with _guarded(item) if nextitem is not None else contextlib.nullcontext():
+    with _no_process_no_sleep() if nextitem is not None else contextlib.nullcontext():
         return (yield)

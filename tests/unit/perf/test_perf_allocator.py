@@ -3,21 +3,15 @@ its models, and validation in fresh processes that run as the sidecar does."""
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 
 import pytest
 import torch
 
-from spark_cnn.errors import ConfigError, ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
-from spark_cnn.models.digits import DIGITS_FACTORY, DigitsCNN
 from spark_cnn.models.tensors import normalise
 from spark_cnn.perf import heap as heap_replay
-from spark_cnn.perf.layers import analyse
-from spark_cnn.perf.timemodel import predict_batch_ms, predict_layers_ms
-from spark_cnn.perf_tools.calibration import calibrate
-from spark_cnn.perf_tools.validate import PICK_TARGET, _pick, measure_batch_ms, validate
+from spark_cnn.perf_tools.validate import PICK_TARGET, _pick
 from spark_cnn.task.sidecar_env import GLIBC, RETAINED, SIDECAR_MALLOC_ENV, allocator_of, sidecar_environment
 
 GLIBC_HOST = platform.libc_ver()[0] == "glibc"
@@ -55,23 +49,6 @@ def test_retained_heap_faults_only_while_it_grows():
     assert glibc.faulted - before >= (64 + 100) << 20  # mapped afresh every pass
 
 
-@pytest.mark.slow
-def test_time_model_charges_faults_only_for_glibcs_defaults(digits_cost_and_profile):
-    cost, profile = digits_cost_and_profile
-    no_faults = dataclasses.replace(profile, fault_us_per_page=0.0)
-    retained = predict_batch_ms(cost, profile, 4096)  # default: the sidecar's allocator
-    assert retained == pytest.approx(predict_batch_ms(cost, no_faults, 4096), rel=1e-3)
-    assert predict_batch_ms(cost, profile, 4096, allocator=GLIBC) > retained
-    with pytest.raises(ConfigError, match="allocator"):
-        predict_layers_ms(cost, profile, 2, allocator="jemalloc")
-
-
-@pytest.fixture(scope="module")
-def digits_cost_and_profile(calibrated_cpu):
-    profile = dataclasses.replace(calibrated_cpu[0], fault_us_per_page=1.0)  # whatever this host measured: fixed
-    return analyse(DigitsCNN(), (3, 32, 32)), profile
-
-
 def test_normalise_hands_the_model_channels_last():
     images = normalise(torch.zeros(2, 5, 7, 3, dtype=torch.uint8), Preprocessing())
     assert images.shape == (2, 3, 5, 7) and images.is_contiguous(memory_format=torch.channels_last)
@@ -87,38 +64,3 @@ def test_pick_compares_the_tuners_choice_with_the_best_measured():
     assert pick["fraction_by_sweep"] == [pytest.approx(133.33 / 160, abs=1e-3), pytest.approx(114.29 / 177.78,
                                                                                               abs=1e-3)]
     assert pick["target"] == PICK_TARGET
-
-
-@pytest.mark.slow
-def test_isolated_validation_runs_the_sidecars_runner_with_its_allocator(digits_cost_and_profile):
-    _, profile = digits_cost_and_profile
-    result = validate(DIGITS_FACTORY, [2], profile, input_shape=(3, 32, 32), repeats=2, warmup=1, sweeps=1,
-                      isolate=True)
-    assert result["protocol"]["isolated"] is True
-    assert result["allocator"] == allocator_of(sidecar_environment())  # checked against the worker's own
-    (point,) = result["points"]
-    assert point["measured_ms"] > 0 and point["predicted_ms"] > 0
-    assert result["pick"]["batch_size"] == 2 and result["pick"]["fraction_of_best"] == 1.0
-
-
-@pytest.mark.slow
-def test_cpu_clock_times_the_computing_thread(tmp_path):
-    ms, _ = measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=2, warmup=1, clock="cpu")
-    assert ms > 0
-    with pytest.raises(ConfigError, match="clock"):
-        measure_batch_ms(DigitsCNN(), (3, 32, 32), 2, repeats=1, warmup=0, clock="sundial")
-    profile = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), clock="cpu")
-    assert any(note.startswith("clock: cpu") for note in profile.notes)
-    with pytest.raises(ConfigError, match="clock"):
-        calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="sundial")
-    with pytest.raises(ConfigError, match="one torch thread|threads=1"):
-        calibrate("cpu", threads=2, budget_s=1.0, cache_dir=str(tmp_path), refresh=True, clock="cpu")
-
-
-@pytest.mark.slow  # calibrates, then measures in a child process
-def test_isolated_validation_reports_the_measuring_process_error_as_its_own(digits_cost_and_profile):
-    # the worker builds the model by name: its ModelError crosses the process boundary as a ModelError
-    _, profile = digits_cost_and_profile
-    with pytest.raises(ModelError, match="no_such_module"):
-        validate("no_such_module:factory", [1], profile, module=DigitsCNN(), input_shape=(3, 32, 32), repeats=1,
-                 warmup=0, sweeps=1, isolate=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 
 import pytest
 import torch
@@ -42,10 +41,9 @@ from spark_cnn.perf_tools.calibration.conv_bench import (
     POINTWISE_ONEDNN_BATCH,
     STRIDED_GROUPED,
 )
-from spark_cnn.perf_tools.calibration.gemm_bench import GEMM_ROWS, TOKEN_ROWS
+from spark_cnn.perf_tools.calibration.gemm_bench import TOKEN_ROWS
 from spark_cnn.perf_tools.calibration.harness import Bench, Budget, Timing
 from spark_cnn.perf_tools.validate import measure_batch_ms, measure_layers_ms, validate
-from spark_cnn.task.sidecar_env import GLIBC, allocator_of
 from tests.perf_doubles import (
     CALL_US,
     CALL_WARMTH,
@@ -110,33 +108,6 @@ def test_calibration_threads_are_the_sidecars():
     from spark_cnn.task.sidecar_env import cpu_threads
 
     assert device_key("cpu", None) == device_key("cpu", cpu_threads(None))
-
-
-@pytest.mark.slow
-def test_calibrate_is_cached_and_refreshable(calibrated_cpu, tmp_path):
-    measured, cache = calibrated_cpu  # calibrate() measured it and wrote it to `cache`
-    shutil.copytree(cache, tmp_path, dirs_exist_ok=True)
-    threads = torch.get_num_threads()
-    first = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))
-    assert first.created == measured.created  # read from the cache, not measured again
-    assert first.threads == 1 and first.conv and first.gemm and first.curves
-    # each section times its first point whatever the budget: the large batch and every GEMM row count
-    large = [p for p in first.conv if p["batch"] == LARGE_CONV_BATCH]
-    assert large and all(p["groups"] > 1 or p["out_hw"] <= LARGE_CONV_MAX_OUT_HW for p in large)
-    rows = {g["rows"] for g in first.gemm}
-    assert set(GEMM_ROWS) <= rows <= set(GEMM_ROWS) | set(TOKEN_ROWS) and {2, 4} <= set(GEMM_ROWS)
-    assert first.calibration_s < 10
-    # pytest runs with glibc's malloc defaults: the benchmarks ran in a child with the sidecar's settings
-    assert allocator_of() == GLIBC and "allocator: retained" in first.notes
-    assert first.fault_us_per_page > 0  # fresh pages are probed with explicit mappings, not through malloc
-    path = tmp_path / f"{first.key}.json"
-    assert path.exists()
-    assert calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path)).created == first.created
-    path.write_text(path.read_text().replace(f'"version": {PROFILE_VERSION}', '"version": 0'))
-    refreshed = calibrate("cpu", threads=1, budget_s=1.0, cache_dir=str(tmp_path))  # stale: measured again
-    assert torch.get_num_threads() == threads  # restored after measuring
-    assert refreshed.version == PROFILE_VERSION and refreshed.created >= first.created
-    assert json.loads(path.read_text())["version"] == PROFILE_VERSION  # and cached again
 
 
 @pytest.mark.parametrize("bad", [{"budget_s": 0}, {"threads": 0}, {"threads": True}])

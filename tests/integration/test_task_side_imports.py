@@ -1,0 +1,54 @@
+"""The task side loads neither torch nor pyspark: its modules are imported in a fresh interpreter (a process, so
+not a unit test), which names the import chain of any heavy package that one of them pulls in. Which modules are
+the task side is tests/unit/test_architecture.py's declaration."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.unit.test_architecture import HEAVY, PACKAGE_DIR, torch_free_modules
+
+# Imports the modules one after another in one fresh interpreter; prints, per module, each heavy package whose
+# first import happened while importing it, with the spark_cnn frames that imported it (so that a failure names
+# the import chain). One interpreter answers as one per module would: a heavy package is loaded by the first
+# module that needs it, which is named, and a module whose imports were loaded before it loaded nothing heavy
+# through them then either (a fresh interpreter per module cost ~10 s here).
+_PROBE = """
+import importlib, json, sys, traceback
+HEAVY = set(sys.argv[2].split(","))
+first = {}
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in HEAVY and top not in sys.modules and top not in first:
+            stack = traceback.extract_stack()[:-1]
+            first[top] = [f"{f.filename}:{f.lineno}" for f in stack if "spark_cnn" in f.filename]
+        return None
+sys.meta_path.insert(0, Watch())
+loaded = {}
+for module in sys.argv[1].split(","):
+    first = {}
+    importlib.import_module(module)
+    loaded[module] = first
+print(json.dumps(loaded))
+"""
+
+
+def heavy_imports(modules: list[str]) -> dict[str, dict[str, list[str]]]:
+    pythonpath = os.pathsep.join(p for p in (os.path.dirname(PACKAGE_DIR), os.environ.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-c", _PROBE, ",".join(modules), ",".join(HEAVY)], capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": pythonpath})
+    assert result.returncode == 0, f"importing {modules} failed:\n{result.stderr[-2000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_task_side_modules_load_neither_torch_nor_pyspark():
+    modules = torch_free_modules()
+    assert len(modules) >= 20
+    loaded = heavy_imports(modules)
+    wrong = [f"{module} loads {name}, via:\n    " + "\n    ".join(chain)
+             for module, heavy in loaded.items() for name, chain in heavy.items()]
+    assert not wrong, "\n".join(wrong)
