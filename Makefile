@@ -15,11 +15,12 @@ test: venv
 
 # The unit tests that start no process: under a minute.
 unit: venv
-	$(BIN)/pytest -q -m "not slow" tests/unit
+	$(BIN)/pytest -q tests/unit
 
-# All variants, both models, about 15 minutes on a 2-core machine; run it on a quiet machine.
+# All variants, both models, three rounds (each figure with its spread): about 45 minutes on a 2-core machine;
+# run it on a quiet machine.
 bench: venv
-	$(BIN)/spark-cnn bench --json docs/bench.json --plot docs/bench.png
+	$(BIN)/spark-cnn bench --repeats 3 --json docs/bench.json --plot docs/bench.png
 
 # The framework's own cost (issue 17): the near-free model, so the limit is decoding alone; spark_cnn with the
 # tasks decoding and with the sidecar decoding (a GPU host's path), against predict_batch_udf and the peers.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 from spark_cnn.bench.cputime import KINDS
 from spark_cnn.bench.detect_check import summary_line
+from spark_cnn.bench.spread import paired_ratios
 from spark_cnn.bench.variants import IDENTITY_MODEL, SIDECAR_DECODE_VARIANT, VARIANTS
 from spark_cnn.errors import missing_extra
 from spark_cnn.models.device_curve import SIM_PREFIX
@@ -39,13 +41,24 @@ def _applies(models: tuple[str, ...] | None, model: str) -> bool:
 
 
 def target_lines(entry: dict) -> list[str]:
-    """One line per target that applies to this model: the ratio measured and whether it is met."""
+    """One line per target that applies to this model: the ratio measured and whether it is met. Over several
+    rounds the ratio is the median of the per-round ratios (bench/spread.py), and the line says whether every
+    round met it."""
     results, memory, lines = entry["results"], entry.get("memory_mb", {}), []
+    rounds = entry.get("rounds")
     for name, top, bottom, needed, models in TARGETS:
         if not _applies(models, entry["model"]) or top not in results or bottom not in results:
             continue  # not this model's target, or a variant not run (not asked for, or its package missing)
-        ratio = _ratio(results.get(top), results.get(bottom))
+        if rounds:
+            paired = [r for r in paired_ratios(rounds, top, bottom) if r is not None]
+            ratio = statistics.median(paired) if paired else None
+        else:
+            paired, ratio = [], _ratio(results.get(top), results.get(bottom))
         verdict = "n/a" if ratio is None else ("met" if ratio >= needed else "MISSED")
+        if rounds and paired:
+            short = sum(r < needed for r in paired)
+            verdict += (f", met in every round (min {min(paired):.2f})" if not short
+                        else f", missed in {short} of {len(rounds)} rounds (min {min(paired):.2f})")
         lines.append(f"  {name:32s} {'n/a' if ratio is None else f'{ratio:.2f}':>6s}  (>= {needed}: {verdict})")
     ours, theirs = memory.get("spark_cnn"), memory.get("predict_batch_udf")
     if ours and theirs:
@@ -57,8 +70,11 @@ def target_lines(entry: dict) -> list[str]:
 def table(entry: dict) -> str:
     results, memory, details = entry["results"], entry.get("memory_mb", {}), entry.get("details", {})
     ours = results.get("spark_cnn")
-    lines = [f"{entry['model']}: {entry['images']} images per variant, master local[2], {entry['machine']}",
-             f"  {'variant':24s} {'images/s':>9s} {'x spark_cnn':>11s} {'peak MB (RSS)':>13s} {'seconds':>8s}"]
+    spread = entry.get("spread") or {}
+    rounds = f", median of {len(entry['rounds'])} rounds" if entry.get("rounds") else ""
+    lines = [f"{entry['model']}: {entry['images']} images per variant{rounds}, master local[2], {entry['machine']}",
+             f"  {'variant':24s} {'images/s':>9s} {'x spark_cnn':>11s} {'peak MB (RSS)':>13s} {'seconds':>8s}"
+             + (f" {'min-max images/s (spread)':>28s}" if spread else "")]
     for variant in VARIANTS:
         if variant not in results:
             continue
@@ -68,7 +84,8 @@ def table(entry: dict) -> str:
         lines.append(f"  {variant:24s} {'failed' if rate is None else f'{rate:9.1f}':>9s} "
                      f"{'' if ratio is None else f'{ratio:.2f}':>11s} "
                      f"{'' if memory.get(variant) is None else f'{memory[variant]:.0f}':>13s} "
-                     f"{'' if seconds is None else f'{seconds:.1f}':>8s}")
+                     f"{'' if seconds is None else f'{seconds:.1f}':>8s}"
+                     + (f" {_spread_cell(spread.get(variant)):>28s}" if spread else ""))
     lines += cpu_lines(entry)
     limit = details.get("limit", {})
     if limit.get("decode_per_s_one_core") and not limit.get("model_per_s_by_threads"):
@@ -88,6 +105,13 @@ def table(entry: dict) -> str:
     if entry.get("row_check"):
         lines.append(summary_line(entry["row_check"]))
     return "\n".join(lines + target_lines(entry))
+
+
+def _spread_cell(spread: dict | None) -> str:
+    if not spread:
+        return "failed"
+    failed = f", {spread['failed']} failed" if spread["failed"] else ""
+    return f"{spread['min']:.1f}-{spread['max']:.1f} ({100 * spread['spread']:.1f}%{failed})"
 
 
 def beyond_decoding_lines(entry: dict) -> list[str]:

@@ -37,6 +37,7 @@ from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.device_budget import device_budget
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
+from spark_cnn.bench.spread import median_round, rotated, spread_of
 from spark_cnn.bench.variant_task import VariantTask, bench_task, random_torchvision
 from spark_cnn.bench.variants import (
     DEFAULT_VARIANTS,
@@ -80,6 +81,7 @@ class BenchConfig:
     quick: bool = False
     variants: tuple[str, ...] = DEFAULT_VARIANTS
     data_dir: str = DEFAULT_DATA_DIR
+    repeats: int = 1  # rounds of every variant; more than one reports each figure's spread (bench/spread.py)
 
 
 def machine_info() -> str:
@@ -99,6 +101,13 @@ def images_for(limit_per_s: float | None, config: BenchConfig) -> int:
     if config.quick or not limit_per_s:
         return QUICK_IMAGES
     return max(ROUND_IMAGES_TO, math.ceil(limit_per_s * MIN_STEADY_S / ROUND_IMAGES_TO) * ROUND_IMAGES_TO)
+
+
+def _images(simulated: bool, limit_per_s: float | None, config: BenchConfig) -> int:
+    """Images per variant: a simulated device's fixed count (its limit has no model), else sized from the limit."""
+    if simulated:
+        return config.images or (QUICK_IMAGES if config.quick else SIM_IMAGES)
+    return images_for(limit_per_s, config)
 
 
 def _save_model(model: str, folder: str) -> tuple[str, str | None]:
@@ -173,21 +182,32 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
             if simulated and (skipped := [v for v in variants if v not in SIM_VARIANTS]):
                 log(f"{model}: skipping {' '.join(skipped)} (a simulated device runs {' and '.join(SIM_VARIANTS)})")
                 variants = [v for v in variants if v in SIM_VARIANTS]
-            details = {}
-            if "limit" in variants:
-                log(f"{model}: limit (decode alone, model alone) ...")
-                details["limit"] = run_variant(base, workdir)
-            images = (config.images or (QUICK_IMAGES if config.quick else SIM_IMAGES)) if simulated else \
-                images_for(details.get("limit", {}).get("images_per_s"), config)
-            folder = input_dir(images, config.data_dir)
-            log(f"{model}: {images} images per variant")
-            for variant in (v for v in variants if v != "limit"):
-                if skipped := missing_peer(variant):
-                    log(f"{model}: {skipped}")
-                    continue
-                details[variant] = run_variant(replace(base, variant=variant, input=folder, images=images), workdir)
-                _log_result(model, variant, details[variant], log)
-            entries.append(_entry(machine, model, images, details))
+            rounds = []
+            for index in range(config.repeats):
+                if config.repeats > 1:
+                    log(f"{model}: round {index + 1} of {config.repeats}")
+                details = {}
+                if index == 0:  # the first round measures the limit first: the images per variant are sized from it
+                    if "limit" in variants:
+                        log(f"{model}: limit (decode alone, model alone) ...")
+                        details["limit"] = run_variant(base, workdir)
+                    images = _images(simulated, details.get("limit", {}).get("images_per_s"), config)
+                    folder = input_dir(images, config.data_dir)
+                    log(f"{model}: {images} images per variant")
+                order = rotated(variants, index)
+                for variant in (v for v in order if v not in details):
+                    if variant == "limit":
+                        details["limit"] = run_variant(base, workdir)
+                        continue
+                    if skipped := missing_peer(variant):
+                        if index == 0:
+                            log(f"{model}: {skipped}")
+                        continue
+                    details[variant] = run_variant(replace(base, variant=variant, input=folder, images=images),
+                                                   workdir)
+                    _log_result(model, variant, details[variant], log)
+                rounds.append(details)
+            entries.append(_entry(machine, model, images, rounds))
     return entries
 
 
@@ -228,15 +248,25 @@ def near_free(model: str) -> bool:
     return model == IDENTITY_MODEL or model_kind(model) == "simulated"
 
 
-def _entry(machine: str, model: str, images: int, details: dict) -> dict:
+def _entry(machine: str, model: str, images: int, rounds: dict | list[dict]) -> dict:
+    """One model's entry from its rounds (one round's details, or a list of them). With several rounds each
+    variant's rate is its median, its details are those of its median round, and "rounds" and "spread" keep every
+    round's rates and each variant's spread."""
+    rounds = [rounds] if isinstance(rounds, dict) else rounds
+    ran = [v for v in VARIANTS if any(v in details for details in rounds)]
+    rates = {v: [details.get(v, {}).get("images_per_s") for details in rounds] for v in ran}
+    details = {v: rounds[index][v] if (index := median_round(rates[v])) is not None
+               else next(d[v] for d in rounds if v in d) for v in ran}
     entry = {
         "machine": machine, "model": model, "images": images,
-        "results": {v: _rounded(details[v].get("images_per_s")) for v in VARIANTS if v in details},
-        "memory_mb": {v: details[v].get("peak_rss_mb") for v in VARIANTS if v in details and v != "limit"},
-        "cpu_ms_per_image": {v: details[v].get("cpu_ms_per_image") for v in VARIANTS
-                             if v in details and v != "limit"},
+        "results": {v: _rounded(details[v].get("images_per_s")) for v in ran},
+        "memory_mb": {v: details[v].get("peak_rss_mb") for v in ran if v != "limit"},
+        "cpu_ms_per_image": {v: details[v].get("cpu_ms_per_image") for v in ran if v != "limit"},
         "details": details,
     }
+    if len(rounds) > 1:
+        entry["rounds"] = [{v: _rounded(rates[v][index]) for v in ran} for index in range(len(rounds))]
+        entry["spread"] = {v: spread_of(rates[v]) for v in ran}
     if near_free(model):
         entry["device_budget"] = budgets(details)
     return entry

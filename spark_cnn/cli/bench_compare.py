@@ -25,6 +25,10 @@ def register(commands) -> None:
                         help=f"which variants to run (default: all but {SIDECAR_DECODE_VARIANT}, the job with "
                              "--decode sidecar as a GPU host runs it; ray_data and daft need the peers extra and "
                              "are skipped without it)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every variant, in a rotated order; more than one reports each rate as the "
+                             "median with its min-max spread, and each target as the median of per-round ratios "
+                             "(make bench: 3)")
     parser.add_argument("--data-dir", help="where the generated images are cached (default ~/.cache/spark_cnn/bench)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", help="write a bar chart (PNG) here")
@@ -38,10 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.images is not None and args.images < 1:
         raise ConfigError(f"--images {args.images}: expected a positive number of images")
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats}: expected a positive number of rounds")
     models = tuple(args.models or (("mobilenet_v3_small",) if args.quick else DEFAULT_MODELS))
     _check_models(models)
     config = BenchConfig(models=models, images=args.images, quick=args.quick, variants=tuple(args.variants),
-                         **({"data_dir": args.data_dir} if args.data_dir else {}))
+                         repeats=args.repeats, **({"data_dir": args.data_dir} if args.data_dir else {}))
     entries = run_bench(config)
     print()
     print("\n\n".join(table(entry) for entry in entries))
