@@ -164,19 +164,24 @@ def _cba(cin: int, cout: int, kernel, stride=1, groups: int = 1, act: str | None
     return nn.Sequential(*layers)
 
 
+def _linear_stack(features: int, widths: list[int]) -> nn.Sequential:
+    """Linear layers of these widths from `features` inputs, with a ReLU between each two."""
+    layers: list[nn.Module] = []
+    for i, width in enumerate(widths):
+        layers.append(nn.Linear(features, width))
+        if i < len(widths) - 1:
+            layers.append(nn.ReLU(inplace=True))
+        features = width
+    return nn.Sequential(*layers)
+
+
 class _Head(nn.Module):
     """Global average pooling, flatten, one or more Linear layers (ReLU between them)."""
 
     def __init__(self, cin: int, widths: list[int]):
         super().__init__()
         self.pool = nn.AdaptiveAvgPool2d(1)
-        layers: list[nn.Module] = []
-        for i, width in enumerate(widths):
-            layers.append(nn.Linear(cin, width))
-            if i < len(widths) - 1:
-                layers.append(nn.ReLU(inplace=True))
-            cin = width
-        self.fc = nn.Sequential(*layers)
+        self.fc = _linear_stack(cin, widths)
 
     def forward(self, x):
         return self.fc(torch.flatten(self.pool(x), 1))
@@ -284,14 +289,7 @@ class _FlattenHead(nn.Module):
         super().__init__()
         self.pool = nn.AdaptiveAvgPool2d(side) if pool == "avg" else nn.AdaptiveMaxPool2d(side)
         self.flatten = nn.Flatten()
-        layers: list[nn.Module] = []
-        features = cin * side * side
-        for i, width in enumerate(widths):
-            layers.append(nn.Linear(features, width))
-            if i < len(widths) - 1:
-                layers.append(nn.ReLU(inplace=True))
-            features = width
-        self.fc = nn.Sequential(*layers)
+        self.fc = _linear_stack(cin * side * side, widths)
 
     def forward(self, x):
         return self.fc(self.flatten(self.pool(x)))
