@@ -28,19 +28,22 @@ def rotated(variants: list[str], round_index: int) -> list[str]:
 
 def spread_of(values: list[float | None]) -> dict | None:
     """Median, min, max and the relative spread (max - min) / median of one variant's rates over the rounds;
-    None when no round measured it. A failed round (None) is counted, not hidden.
+    None when no round measured it. A failed round (None) is counted, not hidden. The median is the lower middle
+    one of an even count: the median round's own rate (median_round), which the table reports.
 
     >>> spread_of([100.0, 110.0, 90.0])
     {'median': 100.0, 'min': 90.0, 'max': 110.0, 'spread': 0.2, 'rounds': 3, 'failed': 0}
     >>> spread_of([None, 50.0])
     {'median': 50.0, 'min': 50.0, 'max': 50.0, 'spread': 0.0, 'rounds': 2, 'failed': 1}
+    >>> spread_of([100.0, 120.0])["median"]
+    100.0
     >>> spread_of([None]) is None
     True
     """
     measured = [v for v in values if v is not None]
     if not measured:
         return None
-    median = statistics.median(measured)
+    median = statistics.median_low(measured)
     low, high = min(measured), max(measured)
     return {"median": round(median, 2), "min": round(low, 2), "max": round(high, 2),
             "spread": round((high - low) / median, 4) if median else 0.0,
