@@ -48,6 +48,33 @@ def device_budget(cpu_ms_per_image: dict[str, float], decode_ms: float, decode_p
     }
 
 
+def steady_state(short_cpu_s: dict[str, float], short_images: int, long_cpu_s: dict[str, float],
+                 long_images: int) -> dict:
+    """CPU per image at steady state and CPU per job, by process kind, from two jobs of one session.
+
+    A job's CPU is a cost per job (planning it, the JVM compiling its paths, starting and ending tasks) plus a
+    cost per image. Two jobs of different sizes in the same session separate them: the extra CPU of the longer
+    job over its extra images is the cost per image a long-running job pays (the issue's "steady state"), and
+    what remains of the shorter job is the cost per job. A kind whose marginal comes out below zero (the second
+    job ran with a warmer JIT) counts as 0 per image.
+
+    >>> steady = steady_state({"jvm": 1.5, "sidecar": 0.5}, 2048, {"jvm": 1.7, "sidecar": 2.0}, 8192)
+    >>> steady["ms_per_image"], steady["per_job_s"]
+    ({'jvm': 0.033, 'sidecar': 0.244, 'total': 0.277}, {'jvm': 1.433, 'sidecar': 0.0, 'total': 1.433})
+    """
+    if long_images <= short_images:
+        raise ValueError(f"the longer job must have more images ({long_images} <= {short_images})")
+    extra = long_images - short_images
+    kinds = sorted(set(short_cpu_s) | set(long_cpu_s))
+    per_image = {k: max(0.0, (long_cpu_s.get(k, 0.0) - short_cpu_s.get(k, 0.0)) / extra) for k in kinds}
+    per_job = {k: max(0.0, short_cpu_s.get(k, 0.0) - short_images * per_image[k]) for k in kinds}
+    ms = {k: round(1000.0 * v, 3) for k, v in per_image.items()}
+    ms["total"] = round(1000.0 * sum(per_image.values()), 3)
+    job = {k: round(v, 3) for k, v in per_job.items()}
+    job["total"] = round(sum(per_job.values()), 3)
+    return {"ms_per_image": ms, "per_job_s": job, "images": [short_images, long_images]}
+
+
 def cores_for(rate_per_s: float, ms_per_image: float) -> float:
     """Cores a node needs to sustain `rate_per_s` images/s at `ms_per_image` of CPU each.
 

@@ -145,6 +145,13 @@ def budget_lines(entry: dict) -> list[str]:
                      + f" {b['cores_per_1k_img_s']:15.2f} {b['framework_cores_per_1k_img_s']:10.2f}"
                      + f"  (<= {b['framework_target_ms_per_image']}: "
                      + ("met" if b["framework_target_met"] else "MISSED") + ")")
+    for variant, b in budgets.items():
+        basis = b.get("basis", "whole run")
+        if basis == "steady state":
+            basis += (f" (a shorter job in the same session; {b['per_job_cpu_s']:.2f} CPU-s per job besides, "
+                      f"{b['whole_run_cpu_ms_per_image']:.2f} ms per image over the whole measured run)")
+        lines.append(f"  {variant}: {basis}; decoding {b['decode_ms_per_image']:.2f} ms per image, measured in "
+                     f"{b.get('decode_measured_in', 'the limit: one core, alone')}")
     return lines
 
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
 from spark_cnn.bench.detect_check import check_outputs, summary_line
-from spark_cnn.bench.device_budget import device_budget
+from spark_cnn.bench.device_budget import device_budget, steady_state
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.spread import median_round, rotated, spread_of
@@ -144,11 +144,21 @@ def run_variant(task: VariantTask, workdir: str) -> dict:
     with open(out) as f:
         result = json.load(f)
     result.pop("task", None)
-    marks = [snapshot_from_json(mark) for mark in result.pop("window_snapshots", [])]
+    short = result.get("short_run")
+    marks = [snapshot_from_json(mark) for mark in result.pop("window_snapshots", [])
+             + (short.pop("window_snapshots", []) if short else [])]
     if result.get("measured_window"):
         snapshots = sorted(cpu.snapshots + marks, key=lambda snapshot: snapshot.at)
-        result["cpu_ms_per_image"] = per_image_ms(cpu_seconds_by_kind(snapshots, *result["measured_window"]),
-                                                  result.get("images", 0))
+        measured = cpu_seconds_by_kind(snapshots, *result["measured_window"])
+        result["cpu_ms_per_image"] = per_image_ms(measured, result.get("images", 0))
+        if short and short.get("images", 0) < result.get("images", 0):
+            short_cpu = cpu_seconds_by_kind(snapshots, *short["measured_window"])
+            steady = steady_state(short_cpu, short["images"], measured, result["images"])
+            # the sidecars' own decoding CPU, per image at steady state the same way (0 where tasks decode)
+            steady["sidecar_decode_ms_per_image"] = round(
+                1000.0 * max(0.0, result.get("decode_cpu_s", 0.0) - short.get("decode_cpu_s", 0.0))
+                / (result["images"] - short["images"]), 3)
+            result["steady_state"] = steady
     result.update(peak_rss_mb=round(sampler.peak_rss / 2**20, 1),
                   peak_pss_mb=None if sampler.peak_pss is None else round(sampler.peak_pss / 2**20, 1),
                   peak_processes=sampler.peak_processes,
@@ -193,6 +203,9 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
                         details["limit"] = run_variant(base, workdir)
                     images = _images(simulated, details.get("limit", {}).get("images_per_s"), config)
                     folder = input_dir(images, config.data_dir)
+                    short_images = short_job_images(model, images)
+                    short = ({"short_input": input_dir(short_images, config.data_dir), "short_images": short_images}
+                             if short_images else {})
                     log(f"{model}: {images} images per variant")
                 order = rotated(variants, index)
                 for variant in (v for v in order if v not in details):
@@ -203,8 +216,8 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
                         if index == 0:
                             log(f"{model}: {skipped}")
                         continue
-                    details[variant] = run_variant(replace(base, variant=variant, input=folder, images=images),
-                                                   workdir)
+                    details[variant] = run_variant(replace(base, variant=variant, input=folder, images=images,
+                                                           **short), workdir)
                     _log_result(model, variant, details[variant], log)
                 rounds.append(details)
             entries.append(_entry(machine, model, images, rounds))
@@ -243,6 +256,18 @@ def _log_result(model: str, variant: str, r: dict, log) -> None:
         + (f"\n{r['error']}" if r.get("error") else ""))
 
 
+def short_job_images(model: str, images: int) -> int:
+    """Images of a shorter job run before the measured one (a quarter of its images), for the models whose CPU
+    budget the bench reports (near-free, simulated device): the budget is then taken at steady state, the JVM's
+    cost per job apart (device_budget.steady_state). 0 for the others, and for runs too short to split.
+
+    >>> short_job_images("sim:resnet50-h200", 8192), short_job_images("resnet18", 8192)
+    (2048, 0)
+    """
+    short = images // 4 // ROUND_IMAGES_TO * ROUND_IMAGES_TO
+    return short if near_free(model) and short >= WARMUP_IMAGES else 0
+
+
 def near_free(model: str) -> bool:
     """Whether `model` costs the host nothing per image (identity, a simulated device): its limit is decoding."""
     return model == IDENTITY_MODEL or model_kind(model) == "simulated"
@@ -273,16 +298,36 @@ def _entry(machine: str, model: str, images: int, rounds: dict | list[dict]) -> 
 
 
 def budgets(details: dict) -> dict:
-    """Each spark_cnn variant's CPU beyond decoding and cores per 1k images/s (needs the limit's decode rate)."""
+    """Each spark_cnn variant's CPU beyond decoding and cores per 1k images/s: at steady state where the variant
+    ran a shorter job too (`steady_state`), else over its whole run. Decoding is the sidecar's own decoding CPU
+    where it decoded and measured it, else the limit's decode on one core."""
     decode_per_s = details.get("limit", {}).get("decode_per_s_one_core")
     out = {}
     for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT):
         detail = details.get(variant, {})
         places = set(detail.get("decode") or [])
-        if not decode_per_s or not detail.get("cpu_ms_per_image") or len(places) != 1:
+        if not detail.get("cpu_ms_per_image") or len(places) != 1:
             continue  # not run, failed, or its sidecars decoded in different places: nothing to take out
-        out[variant] = device_budget(detail["cpu_ms_per_image"], 1000.0 / decode_per_s, places.pop(),
-                                     detail.get("images_per_s"))
+        place, steady = places.pop(), detail.get("steady_state")
+        images = detail.get("images") or 0
+        if place == "gpu":  # nvJPEG decodes on the device: the host CPU that drives it is the framework's
+            decode_ms, measured_where = 0.0, "the device (nvJPEG; the host CPU driving it counts as framework)"
+        elif place == "sidecar" and detail.get("decode_cpu_s") and images:
+            decode_ms = (steady or {}).get("sidecar_decode_ms_per_image") or 1000.0 * detail["decode_cpu_s"] / images
+            measured_where = "the sidecar's decoding threads"
+        elif decode_per_s:
+            decode_ms, measured_where = 1000.0 / decode_per_s, "the limit: one core, alone"
+        else:
+            continue
+        if steady:
+            budget = device_budget(steady["ms_per_image"], decode_ms, place)
+            budget.update(basis="steady state", per_job_cpu_s=steady["per_job_s"]["total"],
+                          whole_run_cpu_ms_per_image=detail["cpu_ms_per_image"]["total"])
+        else:
+            budget = device_budget(detail["cpu_ms_per_image"], decode_ms, place, detail.get("images_per_s"))
+            budget["basis"] = "whole run"
+        budget["decode_measured_in"] = measured_where
+        out[variant] = budget
     return out
 
 

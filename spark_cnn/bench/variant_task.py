@@ -30,6 +30,11 @@ class VariantTask:
     output: str | None = None  # keep the measured run's rows here (Parquet folder); None: a temporary folder
     batch_size: int | None = None  # spark_cnn variants: the sidecar's batch size; None: auto (tuned)
     decode: str | None = None  # spark_cnn variants without a place of their own: where to decode; None: auto
+    # spark_cnn variants: a shorter job (folder, images) run after the warm-up and before the measured one, in
+    # the same session, so that CPU per image at steady state and CPU per job can be told apart
+    # (device_budget.steady_state); None: not run
+    short_input: str | None = None
+    short_images: int = 0
 
 
 class MeasuredWindow:

@@ -272,10 +272,17 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
 
         # starts the sidecar and loads the model: start-up, not measured
         job(task.warmup_input, os.path.join(workdir, "warmup"))
+        short = None
+        if task.short_input:
+            with MeasuredWindow() as short_window:
+                short_summary = job(task.short_input, os.path.join(workdir, "short"))
+            short = {"images": short_summary["images"], "elapsed_s": short_summary["elapsed_s"],
+                     "decode_cpu_s": _decode_cpu_s(short_summary), **short_window.result()}
         with MeasuredWindow() as window:
             summary = job(task.input, task.output or os.path.join(workdir, "out"))
         sidecars = summary["sidecars"]
         return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
+                **({"short_run": short} if short else {}), "decode_cpu_s": _decode_cpu_s(summary),
                 "errors": summary["errors"],
                 "batch_size": summary["batch_size"],
                 "mean_batch_size": [s.get("mean_batch_size") for s in sidecars],
@@ -284,6 +291,11 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
         stop_sidecars(spark.sparkContext.applicationId)
         spark.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _decode_cpu_s(summary: dict) -> float:
+    """CPU seconds the job's sidecars spent decoding (their decoding threads' own time; 0 where tasks decode)."""
+    return round(sum(s.get("decode_cpu_s") or 0.0 for s in summary["sidecars"]), 3)
 
 
 # --- limit -------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -201,10 +202,13 @@ class Connection:
                 if images.shape[1:] != prep.pixel_shape:
                     raise SidecarError(f"images of shape {images.shape[1:]}, the model expects {prep.pixel_shape}")
                 pixels = images
-            elif decode == "gpu":
-                pixels, row_errors = decode_on_gpu(images, prep, self.server.device, self.decode_options)
             else:
-                pixels, row_errors = decode_on_host(images, prep, self.decode_options)
+                decode_started = time.thread_time()
+                if decode == "gpu":
+                    pixels, row_errors = decode_on_gpu(images, prep, self.server.device, self.decode_options)
+                else:
+                    pixels, row_errors = decode_on_host(images, prep, self.decode_options)
+                self.server.stats.decoded(job, time.thread_time() - decode_started)
         except Exception as e:
             self.server.stats.error(job)
             self.send_json(Kind.ERROR, frame.request_id, protocol.error_reply(f"bad request: {e}", ErrorKind.REQUEST))

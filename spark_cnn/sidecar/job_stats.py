@@ -24,7 +24,7 @@ class JobStats:
     def _zero() -> dict:
         return {"batch_size": None, "precision": None, "decode": None, "requests": 0, "images": 0, "batches": 0,
                 "batch_rows": 0, "errors": 0, "oom_backoffs": 0, "device_s": 0.0, "queue_wait_s": 0.0, "waits": 0,
-                "histogram": Counter()}
+                "decode_cpu_s": 0.0, "histogram": Counter()}
 
     def start(self, job: str, batch_rows: int, precision: str, decode: str | None = None) -> None:
         with self._lock:
@@ -36,6 +36,12 @@ class JobStats:
         with self._lock:
             self._jobs[job]["requests"] += 1
             self._jobs[job]["images"] += rows
+
+    def decoded(self, job: str, cpu_s: float) -> None:
+        """CPU time the sidecar's own decoding of one request took (the decoding thread's, the GIL released or
+        not): what a GPU node's nvJPEG takes off the host, kept apart from the serving around it."""
+        with self._lock:
+            self._jobs[job]["decode_cpu_s"] += cpu_s
 
     def error(self, job: str) -> None:
         with self._lock:
@@ -78,4 +84,5 @@ class JobStats:
         c["mean_batch_size"] = round(batch_rows / c["batches"], 2) if c["batches"] else 0.0
         c["mean_queue_wait_ms"] = round(1000 * wait_s / waits, 3) if waits else 0.0
         c["device_s"] = round(c["device_s"], 3)
+        c["decode_cpu_s"] = round(c["decode_cpu_s"], 3)
         return c

@@ -140,6 +140,30 @@ def test_decode_auto_on_a_cpu_sidecar_decodes_in_the_tasks(shared, endpoint, ref
         stats = client.stats("auto-decode")
     check_against_reference(reference, pixels, replies["a"])
     assert stats["decode"] == "task"
+    assert stats["decode_cpu_s"] == 0.0  # nothing decoded here
+
+
+def test_a_sidecar_that_decodes_counts_its_decoding_cpu_apart(shared, endpoint):
+    """decode_cpu_s is the decoding threads' own CPU time: what nvJPEG takes off a GPU node's host, kept apart
+    from serving (the bench's device budget subtracts it)."""
+    import io
+
+    from PIL import Image
+
+    _, info = shared
+    rng = np.random.default_rng(9)
+    files = []
+    for _ in range(24):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (300, 400, 3), dtype=np.uint8)).save(buf, format="JPEG")
+        files.append(buf.getvalue())
+    with SidecarClient(info.socket, info.token, endpoint, job="sidecar-decode", decode="sidecar") as client:
+        assert client.decode == "sidecar"
+        replies = dict(map_ordered(client, [(i, files[i::3]) for i in range(3)]))
+        stats = client.stats("sidecar-decode")
+    assert sum(reply.num_rows for reply in replies.values()) == 24
+    assert stats["decode"] == "sidecar" and stats["images"] == 24
+    assert 0.0 < stats["decode_cpu_s"] < 24 * 0.2, stats  # Pillow at 400x300: ~1-5 ms an image on a core
 
 
 def test_a_jobs_device_profile_reaches_the_sidecars_start_point(shared, endpoint, reference):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_cnn.bench import report, suite
-from spark_cnn.bench.device_budget import TARGET_FRAMEWORK_MS_PER_IMAGE, cores_for, device_budget
+from spark_cnn.bench.device_budget import TARGET_FRAMEWORK_MS_PER_IMAGE, cores_for, device_budget, steady_state
 
 TASK_CPU = {"jvm": 0.25, "python_worker": 1.9, "sidecar": 0.05, "driver": 0.01, "total": 2.21}
 SIDECAR_CPU = {"jvm": 0.3, "python_worker": 0.2, "sidecar": 1.85, "driver": 0.01, "total": 2.36}
@@ -50,3 +50,62 @@ def test_a_simulated_devices_entry_carries_each_paths_budget_and_the_table_print
     mixed = {**details, "spark_cnn": {**details["spark_cnn"], "decode": ["task", "sidecar"]}}
     assert set(suite._entry("m", "sim:resnet50-h200", 512, mixed)["device_budget"]) == {"spark_cnn_sidecar_decode"}
     assert "device_budget" not in suite._entry("m", "resnet18", 512, details)  # a real model: the limit has compute
+
+
+def test_two_jobs_of_one_session_split_cpu_per_image_at_steady_state_from_cpu_per_job():
+    # the JVM: ~2 s per job whatever its size (issue 36's measurement), the sidecar: 1.6 ms per image
+    short = {"jvm": 2.0, "python_worker": 0.3, "sidecar": 3.3}
+    long = {"jvm": 2.1, "python_worker": 1.1, "sidecar": 13.1}
+    steady = steady_state(short, 2048, long, 8192)
+    assert steady["ms_per_image"]["jvm"] == pytest.approx(0.016, abs=1e-3)
+    assert steady["ms_per_image"]["sidecar"] == pytest.approx(1.595, abs=1e-3)
+    assert steady["per_job_s"]["jvm"] == pytest.approx(1.967, abs=1e-3)
+    assert steady["ms_per_image"]["total"] == pytest.approx(sum(
+        v for k, v in steady["ms_per_image"].items() if k != "total"), abs=2e-3)
+    warmer = steady_state({"jvm": 2.0}, 2048, {"jvm": 1.8}, 8192)  # the second job's JIT was warmer
+    assert warmer["ms_per_image"]["jvm"] == 0.0 and warmer["per_job_s"]["jvm"] == 2.0
+    with pytest.raises(ValueError, match="more images"):
+        steady_state(short, 2048, long, 2048)
+
+
+def test_the_budget_takes_steady_state_and_the_sidecars_own_decoding_cpu_where_it_has_them():
+    details = {"limit": {"decode_per_s_one_core": 1000.0, "images_per_s": 2000.0, "cores": 2,
+                         "model_per_s_by_threads": {}},
+               "spark_cnn_sidecar_decode": {
+                   "images_per_s": 900.0, "images": 8192, "decode": ["sidecar"], "decode_cpu_s": 11.0,
+                   "cpu_ms_per_image": {"jvm": 0.27, "python_worker": 0.13, "sidecar": 1.65, "total": 2.05},
+                   "steady_state": {"ms_per_image": {"jvm": 0.02, "python_worker": 0.12, "sidecar": 1.6,
+                                                     "total": 1.74},
+                                    "per_job_s": {"jvm": 2.0, "total": 2.1}, "images": [2048, 8192],
+                                    "sidecar_decode_ms_per_image": 1.3}},
+               "spark_cnn": {"images_per_s": 800.0, "cpu_ms_per_image": TASK_CPU, "decode": ["task"]}}
+    budget = suite._entry("2 CPU cores", "sim:resnet50-h200", 8192, details)["device_budget"]
+    sidecar = budget["spark_cnn_sidecar_decode"]
+    assert sidecar["basis"] == "steady state" and sidecar["decode_ms_per_image"] == 1.3
+    assert sidecar["framework_cores_per_1k_img_s"] == pytest.approx(0.44)  # 1.74 - 1.3, not 1.74 - the limit's 1.0
+    assert sidecar["beyond_decoding_ms_per_image"]["sidecar"] == pytest.approx(0.3)
+    assert sidecar["decode_measured_in"] == "the sidecar's decoding threads" and sidecar["per_job_cpu_s"] == 2.1
+    task = budget["spark_cnn"]  # tasks decoded: no measured decoding, no shorter job: the limit's, whole run
+    assert task["basis"] == "whole run" and task["decode_ms_per_image"] == 1.0
+    text = report.table(suite._entry("2 CPU cores", "sim:resnet50-h200", 8192, details))
+    assert "spark_cnn_sidecar_decode: steady state (a shorter job in the same session; 2.10 CPU-s per job" in text
+    assert "decoding 1.30 ms per image, measured in the sidecar's decoding threads" in text
+
+
+def test_only_budgeted_models_run_a_shorter_job_first():
+    assert suite.short_job_images("resnet18", 8192) == 0  # a real model: no budget to split
+    assert suite.short_job_images("sim:resnet50-h200", 8192) == 2048
+    assert suite.short_job_images(suite.IDENTITY_MODEL, 4000) == 960  # a quarter, in whole folders of 64
+    assert suite.short_job_images("sim:resnet50-h200", 192) == 0  # the quick bench: too short to split
+
+
+def test_on_a_gpu_all_of_the_sidecars_cpu_is_framework_even_what_it_spends_driving_nvjpeg():
+    details = {"limit": {"decode_per_s_one_core": 1000.0, "images_per_s": 2000.0, "cores": 2,
+                         "model_per_s_by_threads": {}},
+               "spark_cnn_sidecar_decode": {
+                   "images_per_s": 9000.0, "images": 8192, "decode": ["gpu"], "decode_cpu_s": 0.4,
+                   "cpu_ms_per_image": {"jvm": 0.02, "python_worker": 0.12, "sidecar": 0.15, "total": 0.29}}}
+    budget = suite._entry("16 CPU cores", "sim:resnet50-h200", 8192, details)["device_budget"]
+    gpu = budget["spark_cnn_sidecar_decode"]
+    assert gpu["decode_ms_per_image"] == 0.0 and gpu["framework_cores_per_1k_img_s"] == pytest.approx(0.29)
+    assert gpu["decode_measured_in"].startswith("the device")
