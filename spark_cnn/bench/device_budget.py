@@ -75,6 +75,14 @@ def steady_state(short_cpu_s: dict[str, float], short_images: int, long_cpu_s: d
     return {"ms_per_image": ms, "per_job_s": job, "images": [short_images, long_images]}
 
 
+def decode_ms_per_image(limit: dict) -> float | None:
+    """One image's decoding on a core, from the limit: side by side where measured (every core decoding, as in
+    a job), else alone."""
+    side = limit.get("side_by_side") or {}
+    rate = side.get("decode_per_s_per_core") or limit.get("decode_per_s_one_core")
+    return 1000.0 / rate if rate else None
+
+
 def cores_for(rate_per_s: float, ms_per_image: float) -> float:
     """Cores a node needs to sustain `rate_per_s` images/s at `ms_per_image` of CPU each.
 

@@ -7,6 +7,7 @@ import statistics
 
 from spark_cnn.bench.cputime import KINDS
 from spark_cnn.bench.detect_check import summary_line
+from spark_cnn.bench.device_budget import decode_ms_per_image
 from spark_cnn.bench.spread import paired_ratios
 from spark_cnn.bench.variants import IDENTITY_MODEL, SIDECAR_DECODE_VARIANT, VARIANTS
 from spark_cnn.errors import missing_extra
@@ -87,15 +88,7 @@ def table(entry: dict) -> str:
                      f"{'' if seconds is None else f'{seconds:.1f}':>8s}"
                      + (f" {_spread_cell(spread.get(variant)):>28s}" if spread else ""))
     lines += cpu_lines(entry)
-    limit = details.get("limit", {})
-    if limit.get("decode_per_s_one_core") and not limit.get("model_per_s_by_threads"):
-        lines.append(f"  limit = {limit['cores']} cores x decode {limit['decode_per_s_one_core']:.1f} img/s on one "
-                     f"core ({1000 / limit['decode_per_s_one_core']:.2f} CPU ms per image): the model is near-free")
-    elif limit.get("decode_per_s_one_core"):
-        model_rates = ", ".join(f"{t} thread(s) {r:.1f}" for t, r in limit["model_per_s_by_threads"].items())
-        lines.append(f"  limit = {limit['cores']} cores / (1/decode + min over threads t of t/model): decode "
-                     f"{limit['decode_per_s_one_core']:.1f} img/s on one core; model {model_rates} img/s "
-                     f"(batch {limit['model_batch_size']})")
+    lines += limit_lines(details.get("limit", {}), ours)
     lines += beyond_decoding_lines(entry)
     lines += budget_lines(entry)
     ours_detail = details.get("spark_cnn", {})
@@ -105,6 +98,34 @@ def table(entry: dict) -> str:
     if entry.get("row_check"):
         lines.append(summary_line(entry["row_check"]))
     return "\n".join(lines + target_lines(entry))
+
+
+def limit_lines(limit: dict, ours: float | None) -> list[str]:
+    """How the limit was made: side by side (every core busy at once, the limit) and alone (one core at a time)."""
+    if not limit.get("decode_per_s_one_core"):
+        return []
+    side = limit.get("side_by_side")
+    alone = limit.get("images_per_s_alone") or limit.get("images_per_s")
+    if not limit.get("model_per_s_by_threads"):
+        lines = [f"  limit = {limit['cores']} cores x decode on a core: the model is near-free"]
+        if side:
+            lines.append(f"    side by side ({side['decoders']} decoding at once): {side['decode_per_s_per_core']:.1f} "
+                         f"img/s per core ({1000 / side['decode_per_s_per_core']:.2f} CPU ms per image)")
+        lines.append(f"    alone: {limit['decode_per_s_one_core']:.1f} img/s on one core "
+                     f"({1000 / limit['decode_per_s_one_core']:.2f} CPU ms per image)"
+                     + (f" = {alone:.1f} img/s" if alone else ""))
+        return lines
+    model_rates = ", ".join(f"{t} thread(s) {r:.1f}" for t, r in limit["model_per_s_by_threads"].items())
+    lines = [f"  limit = {limit['cores']} cores / (1/decode + min over threads t of t/model), batch "
+             f"{limit['model_batch_size']}"]
+    if side:
+        lines.append(f"    side by side (the limit): decode {side['decode_per_s_per_core']:.1f} img/s a core beside "
+                     f"the model, model {side['model_per_s_one_thread']:.1f} img/s on 1 thread beside decoding "
+                     f"= {limit['images_per_s']:.1f} img/s")
+    lines.append(f"    alone: decode {limit['decode_per_s_one_core']:.1f} img/s on one core; model {model_rates} img/s "
+                 + (f"= {alone:.1f} img/s" if alone else "") + (f" (spark_cnn / lone-core limit {ours / alone:.2f})"
+                                          if side and ours and alone else ""))
+    return lines
 
 
 def _spread_cell(spread: dict | None) -> str:
@@ -121,9 +142,9 @@ def beyond_decoding_lines(entry: dict) -> list[str]:
     limit = entry.get("details", {}).get("limit", {})
     cpu = entry.get("cpu_ms_per_image", {})
     near_free = entry["model"] == IDENTITY_MODEL or entry["model"].startswith(SIM_PREFIX)
-    if not near_free or not limit.get("decode_per_s_one_core"):
+    decode_ms = decode_ms_per_image(limit)
+    if not near_free or decode_ms is None:
         return []
-    decode_ms = 1000 / limit["decode_per_s_one_core"]
     return [f"  {variant}: {cpu[variant]['total'] - decode_ms:.2f} CPU ms per image beyond decoding "
             f"({cpu[variant]['total']:.2f} - {decode_ms:.2f})"
             for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT) if (cpu.get(variant) or {}).get("total")]

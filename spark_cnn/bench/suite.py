@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
 from spark_cnn.bench.detect_check import check_outputs, summary_line
-from spark_cnn.bench.device_budget import device_budget, steady_state
+from spark_cnn.bench.device_budget import decode_ms_per_image, device_budget, steady_state
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.spread import median_round, rotated, spread_of
@@ -301,7 +301,7 @@ def budgets(details: dict) -> dict:
     """Each spark_cnn variant's CPU beyond decoding and cores per 1k images/s: at steady state where the variant
     ran a shorter job too (`steady_state`), else over its whole run. Decoding is the sidecar's own decoding CPU
     where it decoded and measured it, else the limit's decode on one core."""
-    decode_per_s = details.get("limit", {}).get("decode_per_s_one_core")
+    limit_decode_ms = decode_ms_per_image(details.get("limit", {}))
     out = {}
     for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT):
         detail = details.get(variant, {})
@@ -315,8 +315,8 @@ def budgets(details: dict) -> dict:
         elif place == "sidecar" and detail.get("decode_cpu_s") and images:
             decode_ms = (steady or {}).get("sidecar_decode_ms_per_image") or 1000.0 * detail["decode_cpu_s"] / images
             measured_where = "the sidecar's decoding threads"
-        elif decode_per_s:
-            decode_ms, measured_where = 1000.0 / decode_per_s, "the limit: one core, alone"
+        elif limit_decode_ms:
+            decode_ms, measured_where = limit_decode_ms, _limit_decode_where(details["limit"])
         else:
             continue
         if steady:
@@ -329,6 +329,11 @@ def budgets(details: dict) -> dict:
         budget["decode_measured_in"] = measured_where
         out[variant] = budget
     return out
+
+
+def _limit_decode_where(limit: dict) -> str:
+    return ("the limit: every core decoding side by side" if limit.get("side_by_side")
+            else "the limit: one core, alone")
 
 
 def ensure_device_profile() -> str:

@@ -328,6 +328,12 @@ def _rate(fn, measure_s: float, per_call: int) -> float:
 
 
 def run_limit(task: VariantTask) -> dict:
+    """The limit, measured two ways. Alone: decoding on one core with the others idle, and the model at 1 and all
+    threads with nothing else running. Side by side: the same decoding on every core but one (child processes)
+    while the model runs at one thread on the last, as any pipeline that decodes while it computes runs them. The
+    limit is the side-by-side one: on this project's 2-core guest the model ran 16% slower beside decoding than
+    alone (docs/benchmarks.md), a cost no pipeline escapes; the lone-core figure stays in the result
+    (`images_per_s_alone`). With a near-free model every core decodes side by side."""
     import torch
 
     from spark_cnn.bench.dataset import input_files
@@ -351,10 +357,18 @@ def run_limit(task: VariantTask) -> dict:
 
     decode_per_s = _rate(decode_some, task.measure_s, 16)
     cores = os.cpu_count() or 1
+    result = {"decode_per_s_one_core": decode_per_s, "cores": cores, "model_per_s_by_threads": {},
+              "model_per_s_one_thread_by_batch": {}, "model_batch_size": None}
     if not task.measure_model:
-        return {"images_per_s": pipeline_limit(decode_per_s, {}, cores), "decode_per_s_one_core": decode_per_s,
-                "model_per_s_by_threads": {}, "model_per_s_one_thread_by_batch": {}, "model_batch_size": None,
-                "cores": cores}
+        result["images_per_s_alone"] = pipeline_limit(decode_per_s, {}, cores)
+        if cores > 1:
+            beside = _beside_decoders(contents, prep, cores - 1, lambda: _rate(decode_some, task.measure_s, 16))
+            decode_side = (beside["parent_per_s"] + sum(beside["decoders_per_s"])) / cores
+            result["side_by_side"] = {"decode_per_s_per_core": decode_side, "decoders": cores}
+            result["images_per_s"] = pipeline_limit(decode_side, {}, cores)
+        else:
+            result["images_per_s"] = result["images_per_s_alone"]
+        return result
     pixels = np.stack([preprocess_pixels(data, prep) for data in contents[:max(task.limit_batch_sizes)]])
     runner = ModelRunner(endpoint, torch.device("cpu"))
     by_batch, model_per_s = {}, {}
@@ -364,11 +378,66 @@ def run_limit(task: VariantTask) -> dict:
     best = max(by_batch, key=by_batch.get)
     model_per_s[1] = by_batch[best]
     if cores > 1:
+        beside = _beside_decoders(contents, prep, cores - 1,
+                                  lambda: _rate(lambda: runner.run(pixels[:best]), task.measure_s, best))
+        decode_side = sum(beside["decoders_per_s"]) / len(beside["decoders_per_s"])
+        result["side_by_side"] = {"decode_per_s_per_core": decode_side, "decoders": cores - 1,
+                                  "model_per_s_one_thread": beside["parent_per_s"]}
         torch.set_num_threads(cores)
         model_per_s[cores] = _rate(lambda: runner.run(pixels[:best]), task.measure_s, best)
-    return {"images_per_s": pipeline_limit(decode_per_s, model_per_s, cores), "decode_per_s_one_core": decode_per_s,
-            "model_per_s_by_threads": model_per_s, "model_per_s_one_thread_by_batch": by_batch,
-            "model_batch_size": best, "cores": cores}
+    result.update(model_per_s_by_threads=model_per_s, model_per_s_one_thread_by_batch=by_batch,
+                  model_batch_size=best, images_per_s_alone=pipeline_limit(decode_per_s, model_per_s, cores))
+    side = result.get("side_by_side")
+    result["images_per_s"] = (pipeline_limit(side["decode_per_s_per_core"], {1: side["model_per_s_one_thread"]},
+                                             cores) if side else result["images_per_s_alone"])
+    return result
+
+
+def _beside_decoders(contents: list[bytes], prep, decoders: int, measure) -> dict:
+    """Run `measure()` (a rate, in this process) while `decoders` child processes decode `contents` without a
+    pause; each child's decode rate over the same window. Children are spawned (no fork of a process holding
+    torch's threads) and joined before returning."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
+    results = context.Queue()
+    children = [context.Process(target=_decode_until_stopped, args=(contents, prep, ready, go, stop, results),
+                                daemon=True) for _ in range(decoders)]
+    for child in children:
+        child.start()
+    try:
+        for _ in children:
+            if not ready.acquire(timeout=120):
+                raise RuntimeError("a side-by-side decoder did not start within 120 s")
+        go.set()
+        parent_per_s = measure()
+        stop.set()
+        rates = [results.get(timeout=60) for _ in children]
+    finally:
+        stop.set()
+        go.set()
+        for child in children:
+            child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+                child.join()
+    return {"parent_per_s": parent_per_s, "decoders_per_s": rates}
+
+
+def _decode_until_stopped(contents: list[bytes], prep, ready, go, stop, results) -> None:
+    """A side-by-side decoder (child process): warm up, wait for `go`, decode until `stop`, put its rate."""
+    from spark_cnn.imaging.preprocess import preprocess_pixels
+
+    for data in contents[:16]:
+        preprocess_pixels(data, prep)
+    ready.release()
+    go.wait()
+    done, started = 0, time.perf_counter()
+    while not stop.is_set():
+        preprocess_pixels(contents[done % len(contents)], prep)
+        done += 1
+    results.put(done / (time.perf_counter() - started))
 
 
 RUNNERS = {"bare": run_bare, "row": run_row, "predict_batch_udf": run_predict_batch_udf,

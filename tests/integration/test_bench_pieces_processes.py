@@ -55,3 +55,46 @@ def test_sampler_reads_pss_at_most_once_a_second():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_limit_times_the_model_beside_decoding_and_keeps_the_lone_core_figure(tmp_path):
+    """The limit variant measures decoding on every core but one while the model runs on the last (spawned
+    decoders, joined before it returns), and reports the lone-core limit beside it."""
+    import io
+    import multiprocessing
+
+    import numpy as np
+    import pytest
+    import torch
+    import torchvision
+    from PIL import Image
+
+    from spark_cnn.bench import variants
+    from spark_cnn.bench.variant_task import VariantTask
+
+    rng = np.random.default_rng(3)
+    for i in range(24):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (320, 320, 3), dtype=np.uint8)).save(buf, format="JPEG")
+        (tmp_path / f"{i:02d}.jpg").write_bytes(buf.getvalue())
+    torch.manual_seed(0)
+    weights = tmp_path / "m.pth"
+    torch.save(torchvision.models.get_model("mobilenet_v3_small", weights=None).state_dict(), weights)
+    task = VariantTask(variant="limit", model="mobilenet_v3_small", weights=str(weights), input=str(tmp_path),
+                       warmup_input=str(tmp_path), images=0, measure_s=0.3, limit_batch_sizes=(8,))
+    threads = torch.get_num_threads()
+    try:
+        result = variants.run_limit(task)
+    finally:
+        torch.set_num_threads(threads)
+    assert result["images_per_s_alone"] == pytest.approx(variants.pipeline_limit(
+        result["decode_per_s_one_core"], result["model_per_s_by_threads"], result["cores"]))
+    assert not multiprocessing.active_children()  # every decoder joined
+    if result["cores"] == 1:
+        assert "side_by_side" not in result and result["images_per_s"] == result["images_per_s_alone"]
+        return
+    side = result["side_by_side"]
+    assert side["decoders"] == result["cores"] - 1
+    assert side["decode_per_s_per_core"] > 0 and side["model_per_s_one_thread"] > 0
+    assert result["images_per_s"] == pytest.approx(variants.pipeline_limit(
+        side["decode_per_s_per_core"], {1: side["model_per_s_one_thread"]}, result["cores"]))

@@ -79,7 +79,7 @@ def test_report_shows_cpu_per_image_by_kind_and_the_near_free_models_own_targets
     assert lines[header].split()[4:] == ["jvm", "python_worker", "sidecar", "driver", "total"]
     assert lines[header + 1].split() == ["bare", "3.10", "3.10"]
     assert lines[header + 2].split() == ["spark_cnn", "1.25", "2.50", "0.50", "4.25"]
-    assert "2 cores x decode 300.0 img/s" in text and "3.33 CPU ms per image" in text
+    assert "2 cores x decode on a core" in text and "alone: 300.0 img/s on one core (3.33 CPU ms per image)" in text
     verdicts = {line.split()[2]: line.rsplit(": ", 1)[1] for line in report.target_lines(entry)}
     # The real models' 0.9 of the limit does not apply; the near-free model's 0.85 and 2x predict_batch_udf do.
     assert verdicts == {"decode-only": "MISSED)", "predict_batch_udf": "met)"}
