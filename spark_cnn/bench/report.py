@@ -173,6 +173,12 @@ def budget_lines(entry: dict) -> list[str]:
                       f"{b['whole_run_cpu_ms_per_image']:.2f} ms per image over the whole measured run)")
         lines.append(f"  {variant}: {basis}; decoding {b['decode_ms_per_image']:.2f} ms per image, measured in "
                      f"{b.get('decode_measured_in', 'the limit: one core, alone')}")
+        by_round = [r.get(variant) for r in entry.get("framework_ms_per_image_by_round") or []]
+        if by_round:
+            met = sum(ms is not None and ms <= b["framework_target_ms_per_image"] for ms in by_round)
+            lines.append(f"  {variant}: framework ms per image by round "
+                         + " ".join("n/a" if ms is None else f"{ms:.2f}" for ms in by_round)
+                         + f" (<= {b['framework_target_ms_per_image']} in {met} of {len(by_round)})")
     return lines
 
 

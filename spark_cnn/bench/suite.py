@@ -294,6 +294,10 @@ def _entry(machine: str, model: str, images: int, rounds: dict | list[dict]) -> 
         entry["spread"] = {v: spread_of(rates[v]) for v in ran}
     if near_free(model):
         entry["device_budget"] = budgets(details)
+        if len(rounds) > 1:  # each round's framework CPU per image: the budget's own spread
+            entry["framework_ms_per_image_by_round"] = [
+                {v: b["framework_cores_per_1k_img_s"] for v, b in budgets(round_details).items()}
+                for round_details in rounds]
     return entry
 
 

@@ -109,3 +109,18 @@ def test_on_a_gpu_all_of_the_sidecars_cpu_is_framework_even_what_it_spends_drivi
     gpu = budget["spark_cnn_sidecar_decode"]
     assert gpu["decode_ms_per_image"] == 0.0 and gpu["framework_cores_per_1k_img_s"] == pytest.approx(0.29)
     assert gpu["decode_measured_in"].startswith("the device")
+
+
+def test_with_rounds_the_budget_shows_each_rounds_framework_cost_against_the_target():
+    def round_with(sidecar_ms: float) -> dict:
+        return {"limit": {"decode_per_s_one_core": 1000.0, "images_per_s": 2000.0, "cores": 2,
+                          "model_per_s_by_threads": {}},
+                "spark_cnn_sidecar_decode": {"images_per_s": 900.0 - 100 * sidecar_ms, "decode": ["sidecar"],
+                                             "cpu_ms_per_image": {"jvm": 0.1, "sidecar": 1.0 + sidecar_ms,
+                                                                  "total": 1.1 + sidecar_ms}}}
+    entry = suite._entry("2 CPU cores", "sim:resnet50-h200", 8192, [round_with(0.1), round_with(0.3), round_with(0.2)])
+    assert entry["framework_ms_per_image_by_round"] == [
+        {"spark_cnn_sidecar_decode": pytest.approx(v)} for v in (0.2, 0.4, 0.3)]
+    assert entry["device_budget"]["spark_cnn_sidecar_decode"]["framework_cores_per_1k_img_s"] == pytest.approx(0.3)
+    text = report.table(entry)
+    assert "spark_cnn_sidecar_decode: framework ms per image by round 0.20 0.40 0.30 (<= 0.3 in 2 of 3)" in text
