@@ -172,7 +172,9 @@ def budget_lines(entry: dict) -> list[str]:
             basis += (f" (a shorter job in the same session; {b['per_job_cpu_s']:.2f} CPU-s per job besides, "
                       f"{b['whole_run_cpu_ms_per_image']:.2f} ms per image over the whole measured run)")
         lines.append(f"  {variant}: {basis}; decoding {b['decode_ms_per_image']:.2f} ms per image, measured in "
-                     f"{b.get('decode_measured_in', 'the limit: one core, alone')}")
+                     f"{b.get('decode_measured_in', 'the limit: one core, alone')}"
+                     + (f" (with the limit's decoding instead: {b['framework_ms_per_image_at_limit_decode']:.2f} ms "
+                        "of framework)" if b.get("framework_ms_per_image_at_limit_decode") is not None else ""))
         by_round = [r.get(variant) for r in entry.get("framework_ms_per_image_by_round") or []]
         if by_round:
             met = sum(ms is not None and ms <= b["framework_target_ms_per_image"] for ms in by_round)

@@ -331,6 +331,10 @@ def budgets(details: dict) -> dict:
             budget = device_budget(detail["cpu_ms_per_image"], decode_ms, place, detail.get("images_per_s"))
             budget["basis"] = "whole run"
         budget["decode_measured_in"] = measured_where
+        if measured_where == "the sidecar's decoding threads" and limit_decode_ms:
+            # the same CPU less the limit's decoding instead: the bound if the decoding threads' extra cost over
+            # the limit's decoder (sharing cores with serving) were the framework's
+            budget["framework_ms_per_image_at_limit_decode"] = round(budget["cores_per_1k_img_s"] - limit_decode_ms, 3)
         out[variant] = budget
     return out
 

@@ -90,6 +90,8 @@ def test_the_budget_takes_steady_state_and_the_sidecars_own_decoding_cpu_where_i
     text = report.table(suite._entry("2 CPU cores", "sim:resnet50-h200", 8192, details))
     assert "spark_cnn_sidecar_decode: steady state (a shorter job in the same session; 2.10 CPU-s per job" in text
     assert "decoding 1.30 ms per image, measured in the sidecar's decoding threads" in text
+    assert sidecar["framework_ms_per_image_at_limit_decode"] == pytest.approx(0.74)  # 1.74 - the limit's 1.0
+    assert "(with the limit's decoding instead: 0.74 ms of framework)" in text
 
 
 def test_only_budgeted_models_run_a_shorter_job_first():
