@@ -314,9 +314,10 @@ def budgets(details: dict) -> dict:
             continue  # not run, failed, or its sidecars decoded in different places: nothing to take out
         place, steady = places.pop(), detail.get("steady_state")
         images = detail.get("images") or 0
+        counted_by_sidecar = place == "sidecar" and bool(detail.get("decode_cpu_s")) and images > 0
         if place == "gpu":  # nvJPEG decodes on the device: the host CPU that drives it is the framework's
             decode_ms, measured_where = 0.0, "the device (nvJPEG; the host CPU driving it counts as framework)"
-        elif place == "sidecar" and detail.get("decode_cpu_s") and images:
+        elif counted_by_sidecar:
             decode_ms = (steady or {}).get("sidecar_decode_ms_per_image") or 1000.0 * detail["decode_cpu_s"] / images
             measured_where = "the sidecar's decoding threads"
         elif limit_decode_ms:
@@ -331,7 +332,7 @@ def budgets(details: dict) -> dict:
             budget = device_budget(detail["cpu_ms_per_image"], decode_ms, place, detail.get("images_per_s"))
             budget["basis"] = "whole run"
         budget["decode_measured_in"] = measured_where
-        if measured_where == "the sidecar's decoding threads" and limit_decode_ms:
+        if counted_by_sidecar and limit_decode_ms:
             # the same CPU less the limit's decoding instead: the bound if the decoding threads' extra cost over
             # the limit's decoder (sharing cores with serving) were the framework's
             budget["framework_ms_per_image_at_limit_decode"] = round(budget["cores_per_1k_img_s"] - limit_decode_ms, 3)

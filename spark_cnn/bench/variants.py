@@ -318,8 +318,7 @@ def pipeline_limit(decode_per_s: float, model_per_s: dict[int, float], cores: in
 
 def _rate(fn, measure_s: float, per_call: int) -> float:
     """Calls per second of `fn` times `per_call`, over at least `measure_s` seconds and two calls, after a warm-up
-    of a quarter of that (at least one call): one call was too little for the first measurement of a fresh
-    process, which read 15% below the same decoding timed later in it (docs/benchmarks.md)."""
+    of a quarter of that (at least one call), so that no measurement counts a fresh process's first calls."""
     warm_until = time.perf_counter() + measure_s / 4
     fn()
     while time.perf_counter() < warm_until:

@@ -39,7 +39,8 @@ class JobStats:
 
     def decoded(self, job: str, cpu_s: float) -> None:
         """CPU time the sidecar's own decoding of one request took (the decoding thread's, the GIL released or
-        not): what a GPU node's nvJPEG takes off the host, kept apart from the serving around it."""
+        not), kept apart from the serving around it: on the host, the decoding a GPU's nvJPEG would take over;
+        with `gpu`, the host CPU spent driving nvJPEG."""
         with self._lock:
             self._jobs[job]["decode_cpu_s"] += cpu_s
 

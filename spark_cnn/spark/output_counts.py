@@ -39,7 +39,7 @@ def count_columns(columns: list[str], labels) -> list[Column]:
 def _one_of(column: Column, names) -> Column:
     """`column` is one of `names`: the names cross to the JVM as one JSON literal (`isin` makes a py4j call per
     name: 1,000 ImageNet classes cost ~4,000 calls, about a second of every labelled job's driver time)."""
-    return F.array_contains(F.from_json(F.lit(json.dumps(list(names))), "array<string>"), column)
+    return F.array_contains(F.from_json(F.lit(json.dumps([str(name) for name in names])), "array<string>"), column)
 
 
 class OutputCounts:
