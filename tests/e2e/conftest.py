@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,6 +33,27 @@ def short_lived_spark_jvms():
         yield SHORT_LIVED_JVM_OPTIONS
     finally:
         os.environ.pop("SPARK_SUBMIT_OPTS", None)
+
+
+# A sidecar exits within seconds of its driver or executor; on a loaded machine (two test workers) it can take longer.
+SIDECAR_EXIT_WAIT_S = 30
+
+
+def sidecars_now() -> set[int]:
+    """Pids of the live sidecars in this test process's runtime directory."""
+    from spark_cnn.task.launcher import find_sidecars
+
+    return {s.pid for s in find_sidecars()}
+
+
+def sidecars_left_since(before: set[int], timeout_s: float = SIDECAR_EXIT_WAIT_S) -> set[int]:
+    """Sidecars started since `before` was taken that are still alive after waiting up to `timeout_s` for them
+    to exit. A test compares against its own snapshot: sidecars of other tests' in-process sessions, alive while
+    their session is, are not its business."""
+    deadline = time.monotonic() + timeout_s
+    while (left := sidecars_now() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def run_command(args: list[str], **kwargs) -> subprocess.CompletedProcess:

@@ -20,8 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from spark_cnn.models.digits import DIGITS_FACTORY
-from spark_cnn.task.launcher import find_sidecars
-from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command
+from tests.e2e.conftest import BIN, JOB_TIMEOUT_S, run_command, sidecars_left_since, sidecars_now
 from tests.sample_images import broken_files, real_image_files, write_files
 
 pytestmark = pytest.mark.e2e
@@ -71,7 +70,7 @@ def test_copy_in_progress_unpacked_old_files_and_a_killed_run_land_every_image_e
     what the killed run committed) come in, and the rerun takes exactly what the killed run had not committed and
     leaves the copy, still being written, waiting."""
     source, output, checkpoint = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "checkpoint")
-    sidecars_before = {s.pid for s in find_sidecars()}
+    sidecars_before = sidecars_now()
     expected = _add_digits(demo_assets, source, 0, 2)
     write_files(source, broken_files())
     expected += [os.path.join(source, rel) for rel in broken_files()]
@@ -156,7 +155,4 @@ def test_copy_in_progress_unpacked_old_files_and_a_killed_run_land_every_image_e
               pq.read_table(output, columns=["path", "error"]).to_pylist()}
     assert all(errors[p] is None for p in unpacked)
 
-    deadline = time.monotonic() + 30
-    while {s.pid for s in find_sidecars()} - sidecars_before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert {s.pid for s in find_sidecars()} - sidecars_before == set(), "a sidecar outlived its run"
+    assert sidecars_left_since(sidecars_before) == set(), "a sidecar outlived its run"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from spark_cnn.task.launcher import find_sidecars
+from tests.e2e.conftest import sidecars_left_since, sidecars_now
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +41,7 @@ def test_quickstart_notebook_runs_every_cell(kernel_on_this_python, demo_assets,
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path / "quickstart"))
     repo = os.path.abspath(os.path.join(os.path.dirname(NOTEBOOK), ".."))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    sidecars_before = sidecars_now()
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(notebook, kernel_name=kernel_on_this_python, timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(tmp_path)}})
@@ -50,4 +51,4 @@ def test_quickstart_notebook_runs_every_cell(kernel_on_this_python, demo_assets,
                       for out in cell.get("outputs", []))
     assert "101 files under" in outputs and "1 error(s)" in outputs and "(64, 32)" not in outputs
     assert "64 features per image; 32 with layer='features'" in outputs
-    assert find_sidecars() == [], "the notebook left a sidecar running"
+    assert sidecars_left_since(sidecars_before) == set(), "the notebook left a sidecar running"
