@@ -9,11 +9,11 @@ STAMP  := $(VENV)/.installed-from-pyproject
 run: venv
 	$(BIN)/spark-cnn demo
 
-# Two pytest workers, a test file each at a time (module fixtures stay whole): most tests wait on Spark and
-# subprocesses rather than compute, so two share 2 cores well (2-core AMD host, whole suite: 1971 s serial, 1428 s
-# with two). Each worker has its own sidecar directory and device cache (tests/conftest.py). More workers need
-# about 3 GB of memory each: make test TEST_WORKERS=4.
-TEST_WORKERS ?= 2
+# Three pytest workers, a test file each at a time (module fixtures stay whole): most tests wait on Spark and
+# subprocesses rather than compute, so three share 2 cores well (2-core AMD host, whole suite: 1971 s serial,
+# 1428 s with two workers, 1267 s with three, using 1.2 cores on average). Each worker has its own sidecar
+# directory and device cache (tests/conftest.py), and needs about 3 GB of memory: make test TEST_WORKERS=2.
+TEST_WORKERS ?= 3
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile

@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Iterable
 
 from pyspark.sql import SparkSession
@@ -103,7 +104,8 @@ def owns_executors(spark: SparkSession) -> bool:
 
 
 _connect_shipped: dict[str, set[str]] = {}  # Connect session id -> names shipped to it
-_connect_lock = threading.Lock()
+_classic_shipped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # SparkContext -> names shipped to it
+_shipped_lock = threading.Lock()
 
 
 def ship_files(spark: SparkSession, paths: Iterable[str]) -> None:
@@ -112,17 +114,22 @@ def ship_files(spark: SparkSession, paths: Iterable[str]) -> None:
     before is skipped: callers name files by their contents, so the same name is the same bytes."""
     paths = list(paths)
     if is_connect(spark):
-        with _connect_lock:
+        with _shipped_lock:
             shipped = _connect_shipped.setdefault(spark.session_id, set())
             for path in paths:
                 if os.path.basename(path) not in shipped:
                     spark.addArtifacts(path, file=True)
                     shipped.add(os.path.basename(path))
         return
-    already = {uri.rstrip("/").rpartition("/")[2] for uri in spark.sparkContext.listFiles}
-    for path in paths:
-        if os.path.basename(path) not in already:
-            spark.sparkContext.addFile(path)
+    context = spark.sparkContext
+    with _shipped_lock:
+        already = _classic_shipped.get(context)
+        if already is None:  # read once per context: listFiles costs a py4j call per file shipped so far
+            already = _classic_shipped[context] = {uri.rstrip("/").rpartition("/")[2] for uri in context.listFiles}
+        for path in paths:
+            if os.path.basename(path) not in already:
+                context.addFile(path)
+                already.add(os.path.basename(path))
 
 
 def with_task_retries(master: str) -> str:

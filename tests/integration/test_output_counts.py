@@ -22,8 +22,20 @@ def test_labelled_and_correct_count_class_names_exactly_whatever_their_character
     assert totals == {"images": 6, "ok": 5, "labelled": 3, "correct": 2}
 
 
+def test_without_class_names_true_labels_are_class_indices(spark):
+    rows = [("p1", 3, None, "3"),      # labelled, correct
+            ("p2", 3, None, "4"),      # labelled, wrong
+            ("p3", 3, None, "cat"),    # not an index: not labelled
+            ("p4", 3, "bad", "3"),     # an error row
+            ("p5", 12, None, "12")]    # labelled, correct
+    frame = spark.createDataFrame(rows, "path string, label int, error string, true_label string")
+    totals = frame.agg(*count_columns(frame.columns, None)).first().asDict()
+    assert totals == {"images": 5, "ok": 4, "labelled": 3, "correct": 2}
+
+
 def test_a_thousand_class_names_cost_a_handful_of_py4j_calls(spark):
-    """`isin` over ImageNet's 1,000 names made ~4,000 py4j calls, about a second of every labelled job."""
+    """`isin` over ImageNet's 1,000 names made ~4,000 py4j calls, and the aggregates built from `functions` ~190
+    more: the JVM's CPU on every job."""
     calls = [0]
     send = java_gateway.GatewayClient.send_command
 
@@ -36,4 +48,4 @@ def test_a_thousand_class_names_cost_a_handful_of_py4j_calls(spark):
         count_columns(["path", "label", "label_name", "error", "true_label"], [f"class {i}" for i in range(1000)])
     finally:
         java_gateway.GatewayClient.send_command = send
-    assert calls[0] < 400, calls[0]
+    assert calls[0] < 30, calls[0]
