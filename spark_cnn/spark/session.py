@@ -113,23 +113,24 @@ def ship_files(spark: SparkSession, paths: Iterable[str]) -> None:
     a Connect session's files land in its own folder, which SparkFiles points at there). A name shipped
     before is skipped: callers name files by their contents, so the same name is the same bytes."""
     paths = list(paths)
-    if is_connect(spark):
-        with _shipped_lock:
-            shipped = _connect_shipped.setdefault(spark.session_id, set())
-            for path in paths:
-                if os.path.basename(path) not in shipped:
-                    spark.addArtifacts(path, file=True)
-                    shipped.add(os.path.basename(path))
-        return
-    context = spark.sparkContext
     with _shipped_lock:
-        already = _classic_shipped.get(context)
-        if already is None:  # read once per context: listFiles costs a py4j call per file shipped so far
-            already = _classic_shipped[context] = {uri.rstrip("/").rpartition("/")[2] for uri in context.listFiles}
+        if is_connect(spark):
+            shipped = _connect_shipped.setdefault(spark.session_id, set())
+
+            def add(path: str) -> None:
+                spark.addArtifacts(path, file=True)
+        else:
+            context = spark.sparkContext
+            shipped = _classic_shipped.get(context)
+            if shipped is None:  # read once per context: listFiles costs a py4j call per file shipped so far
+                shipped = _classic_shipped[context] = {uri.rstrip("/").rpartition("/")[2]
+                                                       for uri in context.listFiles}
+            add = context.addFile
         for path in paths:
-            if os.path.basename(path) not in already:
-                context.addFile(path)
-                already.add(os.path.basename(path))
+            name = os.path.basename(path)
+            if name not in shipped:
+                add(path)
+                shipped.add(name)
 
 
 def with_task_retries(master: str) -> str:

@@ -48,11 +48,9 @@ class HadoopFS:
     def __init__(self, spark: SparkSession):
         self._jvm = spark.sparkContext._jvm
         self._conf = spark.sparkContext._jsc.hadoopConfiguration()
-        self._path_class = None  # Hadoop's Path, looked up once: each package in `jvm.a.b.C` is a py4j call
+        self._path_class = self._jvm.org.apache.hadoop.fs.Path  # looked up once: each name in it is a py4j call
 
     def _fs_path(self, uri: str):
-        if self._path_class is None:
-            self._path_class = self._jvm.org.apache.hadoop.fs.Path
         path = self._path_class(uri)
         try:
             return path.getFileSystem(self._conf), path
