@@ -6,21 +6,16 @@ the tasks need in an `InferencePlan`, purely from the options, the checked model
 `start_inference` ships the model's files to the executors and plans. `plan_reading` is the input side alone,
 which to-petastorm (no model) shares.
 
-Model files are shipped content-addressed: each job ships a copy named by the hash of its bytes, and the
-endpoint (and its fingerprint) refer to that copy. Spark ignores a second `addFile` of a path, so shipping the
-path itself would leave executors running the first version of a file changed in place, under the new
-fingerprint.
+Model files are shipped content-addressed (`spark/shipped_copies.py`): each job ships a copy named by the hash
+of its bytes, and the endpoint (and its fingerprint) refer to that copy. Spark ignores a second `addFile` of a
+path, so shipping the path itself would leave executors running the first version of a file changed in place,
+under the new fingerprint.
 """
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
-import threading
 import uuid
 from dataclasses import dataclass, replace
 
@@ -30,8 +25,8 @@ from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError, InputError
 from spark_cnn.formats.encodings import ENCODED
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
-from spark_cnn.models.spec import file_sha256
 from spark_cnn.spark.session import application_id, ship_files
+from spark_cnn.spark.shipped_copies import content_addressed_copy
 from spark_cnn.spark.sources import TRUE_LABEL, ImageSource
 from spark_cnn.task.launcher import LaunchOptions
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions
@@ -163,36 +158,3 @@ def ship_model_files(spark: SparkSession, model: CheckedModel) -> CheckedModel:
     endpoint = replace(endpoint, files={path: os.path.basename(copy) for path, copy in copies.items()},
                        fingerprint=as_shipped.with_fingerprint().fingerprint)
     return replace(model, resolved=replace(model.resolved, endpoint=endpoint))
-
-
-_ship_dir: str | None = None
-_ship_lock = threading.Lock()
-HASH_CHARS = 16  # of the SHA-256 in a shipped name: 64 bits, no collision among one session's files
-
-
-def _ship_folder() -> str:
-    """This process's folder of shipped copies; it lives as long as the process (Spark serves files from it)."""
-    global _ship_dir
-    with _ship_lock:
-        if _ship_dir is None:
-            _ship_dir = tempfile.mkdtemp(prefix="spark_cnn_ship_")
-            atexit.register(shutil.rmtree, _ship_dir, True)
-        return _ship_dir
-
-
-def content_addressed_copy(path: str) -> str:
-    """A private copy of `path` named `<sha256 prefix>-<file name>`; its name always matches its own bytes."""
-    folder, name = _ship_folder(), os.path.basename(path)
-    known = os.path.join(folder, f"{file_sha256(path)[:HASH_CHARS]}-{name}")
-    if os.path.exists(known):  # copied for an earlier job: the same bytes
-        return known
-    partial = os.path.join(folder, f".{uuid.uuid4().hex}.part")
-    digest = hashlib.sha256()
-    # Hashed again while copying: the file may change between the two reads, and the name must be the copy's.
-    with open(path, "rb") as source, open(partial, "wb") as target:
-        while block := source.read(1 << 20):
-            digest.update(block)
-            target.write(block)
-    copy = os.path.join(folder, f"{digest.hexdigest()[:HASH_CHARS]}-{name}")
-    os.replace(partial, copy)
-    return copy
