@@ -100,9 +100,14 @@ def test_copy_in_progress_unpacked_old_files_and_a_killed_run_land_every_image_e
     writer = threading.Thread(target=slow_copy)
     writer.start()
     try:
-        # A run in small micro-batches killed (SIGKILL, driver and its JVM) after two of them.
+        # A run in small micro-batches killed (SIGKILL, driver and its JVM) after two of them. A killed JVM
+        # cleans up nothing (Spark's local dirs, the shipped files' copies): its temporary folder is this test's.
+        killed_tmp = tmp_path / "killed_run_tmp"
+        killed_tmp.mkdir()
         killed = subprocess.Popen([*command, "--max-files-per-trigger", "3", "--quiet"], start_new_session=True,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env={**os.environ, "TMPDIR": str(killed_tmp),
+                                       "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={killed_tmp}"})
         try:
             deadline = time.monotonic() + JOB_TIMEOUT_S
             while not os.path.exists(os.path.join(checkpoint, "done", "1")) and killed.poll() is None:
