@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 
 MODES = ("classify", "etl", "plan")
-# bench/tiny.py's IDENTITY_FACTORY (32x32 inputs: the 8x8 digits are upscaled, not to 224), named here so the
+# bench/variants.py's IDENTITY_FACTORY (32x32 inputs: the 8x8 digits are upscaled, not to 224), named here so the
 # measured driver does not import torch as a user's driver does not.
 IDENTITY_FACTORY = "spark_cnn.bench.tiny:identity_classifier"
 

@@ -25,9 +25,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from spark_cnn.bench.tiny import IDENTITY_FACTORY
 from spark_cnn.bench.variant_task import bench_task, random_torchvision
-from spark_cnn.bench.variants import IDENTITY_MODEL
+from spark_cnn.bench.variants import IDENTITY_FACTORY, IDENTITY_MODEL
 from spark_cnn.config import InferenceOptions
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging.preprocess import preprocess_pixels

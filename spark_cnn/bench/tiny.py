@@ -3,8 +3,8 @@
 Both average each image's pixels and map the three channel means to ten logits: the work per image (sockets,
 Arrow, batching, heads, replies, Spark) is then nearly all there is.
 
-- `identity_classifier` (`bench-sidecar --model identity`): 32x32 inputs, so that moving pixels costs little
-  too and the per-request cost shows.
+- `identity_classifier` (`bench-sidecar --model identity`, named by `bench.variants.IDENTITY_FACTORY`): 32x32
+  inputs, so that moving pixels costs little too and the per-request cost shows.
 - `save_identity_torchscript` (`bench --models identity`): the same module with the default preprocessing
   (shorter side 256, centre crop 224, as the user-side variants do), saved as a TorchScript file, so every
   variant loads it as it loads a user's model and decode + resize + crop is all the images cost.
@@ -16,8 +16,6 @@ import warnings
 
 import torch
 from torch import nn
-
-IDENTITY_FACTORY = "spark_cnn.bench.tiny:identity_classifier"
 
 
 class MeanPixelClassifier(nn.Module):

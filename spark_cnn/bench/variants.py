@@ -71,6 +71,8 @@ DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != SIDECAR_DECODE_VARIANT)
 DETECT_VARIANTS = ("predict_batch_udf", "spark_cnn")
 # The near-free model's name in the bench commands (bench/tiny.py); here, torch-free, for the CLI and the report.
 IDENTITY_MODEL = "identity"
+# Its factory, by name: building every command's parser imports bench-sidecar's options, and a name costs no torch.
+IDENTITY_FACTORY = "spark_cnn.bench.tiny:identity_classifier"
 
 
 # --- the user's side: what someone writes without this project (load_model, user_transform: variant_task.py) ---

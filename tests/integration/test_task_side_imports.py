@@ -52,3 +52,30 @@ def test_task_side_modules_load_neither_torch_nor_pyspark():
     wrong = [f"{module} loads {name}, via:\n    " + "\n    ".join(chain)
              for module, heavy in loaded.items() for name, chain in heavy.items()]
     assert not wrong, "\n".join(wrong)
+
+
+# Every `spark-cnn` command builds the parser of every command; a driver's checks run in a child process
+# (models/resolve_isolated.py) so that the driver never loads torch: its parser must not load it either
+# (bench-sidecar's option table once did, through bench/tiny.py: 2.6 s and ~300 MB in every job's driver).
+_PARSER_PROBE = """
+import sys, traceback
+first = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not first:
+            stack = traceback.extract_stack()[:-1]
+            first.extend(f"{f.filename}:{f.lineno}" for f in stack if "spark_cnn" in f.filename)
+        return None
+sys.meta_path.insert(0, Watch())
+from spark_cnn.cli import build_parser
+build_parser().parse_args(["classify", "in", "out"])
+print("torch loaded via: " + " <- ".join(reversed(first)) if first or "torch" in sys.modules else "torch-free")
+"""
+
+
+def test_building_the_command_lines_parser_loads_no_torch():
+    pythonpath = os.pathsep.join(p for p in (os.path.dirname(PACKAGE_DIR), os.environ.get("PYTHONPATH")) if p)
+    result = subprocess.run([sys.executable, "-c", _PARSER_PROBE], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": pythonpath})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "torch-free", result.stdout

@@ -103,9 +103,12 @@ def test_targets_compare_the_big_run_with_the_baseline_and_etl_with_classify():
 
 
 def test_the_measured_driver_loads_the_near_free_model_by_name_without_torch():
-    from spark_cnn.bench.tiny import IDENTITY_FACTORY
+    from spark_cnn.bench import tiny
+    from spark_cnn.bench.variants import IDENTITY_FACTORY
 
     assert scale_job.IDENTITY_FACTORY == IDENTITY_FACTORY
+    module, _, name = IDENTITY_FACTORY.partition(":")
+    assert module == tiny.__name__ and callable(getattr(tiny, name))
 
 
 def test_the_command_line_sizes_the_run_and_refuses_a_contradiction():
