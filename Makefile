@@ -70,7 +70,10 @@ bench-noisy-calibration: venv
 lint: venv
 	$(BIN)/ruff check .
 
+# The driver JVM's archive of Spark's classes (spark/jvm_archive.py): built once per JDK and Spark jars (about a
+# minute on 2 cores), it takes a local session's start from 17 s to 10 s there; it is kept in ~/.cache/spark_cnn/jvm.
 venv: java $(STAMP)
+	@$(BIN)/python -m spark_cnn.spark.jvm_archive
 
 # Spark 4 needs Java 17+; the script installs a headless JRE when it can, else says what to install.
 java:

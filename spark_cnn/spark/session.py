@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pyspark.sql import SparkSession
 
 from spark_cnn.config import REMOTE_ENV, check_remote
+from spark_cnn.spark import jvm_archive
 
 # Image rows are large (a JPEG is ~100 KB): Spark's default of 10,000 rows per Arrow batch would put ~1 GB in
 # one batch. 64 rows keeps a batch near 6 MB and still amortises the per-batch cost; the byte bound catches
@@ -36,6 +37,13 @@ LOG4J2_CONFIG = os.path.join(os.path.dirname(__file__), "log4j2.properties")
 # (0.5-0.7 ms per image over 4,096 images with a near-free model); ten times its thresholds leave those paths to
 # the quick compiler and still compile what is really hot (docs/benchmarks.md, the framework's CPU per image).
 JIT_THRESHOLD_SCALING = "-XX:CompileThresholdScaling=10"
+
+
+def driver_java_options() -> str:
+    """The options of a driver JVM this process starts: a readable console, less JIT work and, once built for
+    this JDK and these jars, the archive of Spark's classes (spark/jvm_archive.py)."""
+    options = f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG} {JIT_THRESHOLD_SCALING} {jvm_archive.java_options()}"
+    return options.rstrip()
 
 
 def spark_session(*, master: str | None = None, remote: str | None = None, app_name: str = "spark_cnn",
@@ -69,8 +77,7 @@ def spark_session(*, master: str | None = None, remote: str | None = None, app_n
     if SparkSession.getActiveSession() is None and "SPARK_CONF_DIR" not in os.environ:
         # A readable console (warnings and errors only) and less JIT work. Applies when this process starts the
         # driver JVM and the user has no Spark conf dir of their own (whose spark-defaults would be overridden).
-        settings["spark.driver.extraJavaOptions"] = (f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG} "
-                                                     f"{JIT_THRESHOLD_SCALING}")
+        settings["spark.driver.extraJavaOptions"] = driver_java_options()
     if (remote or os.environ.get(REMOTE_ENV) or "").startswith("sc://"):
         # A server elsewhere has its own static settings (its workers' Python, its console, its JVM): a session
         # sets only SQL settings there (pyspark would warn about each of the others).

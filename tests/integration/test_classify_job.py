@@ -191,3 +191,16 @@ def test_sidecar_decoding_gives_the_same_rows_as_task_decoding(spark, mixed_fold
     # Files the sidecar could not decode still count as requests sent; the failed rows never reach a batch. The
     # task refuses files over the size guard rails (the empty one here) before sending them.
     assert sum(s["images"] for s in summary["sidecars"]) == len(by_task) - 1
+
+
+def test_the_driver_jvm_maps_the_class_archive_make_built(spark):
+    """`make` builds the archive of Spark's classes for this JDK and these jars (spark/jvm_archive.py); the
+    session's driver JVM maps it (a JVM that refused it would map nothing of it, quietly)."""
+    from pyspark import SparkContext
+
+    from spark_cnn.spark import jvm_archive
+
+    path = jvm_archive.archive_path()
+    assert path and os.path.isfile(path), f"no class archive at {path}: python -m spark_cnn.spark.jvm_archive"
+    with open(f"/proc/{SparkContext._gateway.proc.pid}/maps") as maps:
+        assert path in maps.read()
