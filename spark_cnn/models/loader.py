@@ -16,14 +16,12 @@ import threading
 from collections import OrderedDict
 
 import torch
-import torchvision
 from torch import nn
 
 from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.factory_code import factory_code_digest, factory_files
 from spark_cnn.models.spec import model_kind
-from spark_cnn.models.tv_weights import builder_arguments, torchvision_names
 
 # Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads. Built for
 # given weights, they are built as torchvision builds them for its pretrained weights: the input transform on
@@ -79,6 +77,12 @@ def declared_preprocessing(module: nn.Module) -> Preprocessing | None:
 
 def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained: bool = False,
                        weights_enum: str | None = None) -> nn.Module:
+    # Imported here: torchvision costs a sidecar 2.3 s of start (its ops import torch._dynamo), and a TorchScript,
+    # MLflow or module:factory model never needs it.
+    import torchvision
+
+    from spark_cnn.models.tv_weights import builder_arguments, torchvision_names
+
     if name not in torchvision_names():
         raise ModelError(f"--model {name}: unknown model; use a torchvision classification, detection or "
                          f"segmentation model name (e.g. resnet50, fasterrcnn_mobilenet_v3_large_320_fpn, "
@@ -99,6 +103,8 @@ def _torchvision_model(name: str, num_classes: int | None = None, *, pretrained:
 
 
 def _dense_names() -> set[str]:
+    import torchvision
+
     return set(torchvision.models.list_models(module=torchvision.models.detection)) | set(
         torchvision.models.list_models(module=torchvision.models.segmentation))
 

@@ -79,3 +79,15 @@ def test_building_the_command_lines_parser_loads_no_torch():
                             env={**os.environ, "PYTHONPATH": pythonpath})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "torch-free", result.stdout
+
+
+def test_a_sidecar_serving_a_factory_model_loads_no_torchvision():
+    """torchvision costs a sidecar 2.3 s of start (its ops import torch._dynamo); only torchvision models need it."""
+    probe = ("import sys\n"
+             "import spark_cnn.sidecar.server\n"
+             "from spark_cnn.models.loader import build_module\n"
+             "build_module('spark_cnn.models.digits:digits_cnn', None)\n"
+             "print('torchvision' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "False"
