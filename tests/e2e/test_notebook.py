@@ -39,6 +39,10 @@ def test_quickstart_notebook_runs_every_cell(kernel_on_this_python, demo_assets,
     # session (training takes most of a minute on a busy 2-core machine), and a folder for the notebook's files.
     monkeypatch.setenv("SPARK_CNN_DEMO_DIR", os.path.dirname(demo_assets.images))
     monkeypatch.setenv("QUICKSTART_DIR", str(tmp_path / "quickstart"))
+    # A kernel shut down by its client runs no atexit: its shipped model copies would stay in /tmp until the next
+    # driver sweeps them (spark/shipped_copies.py). Here they go with the test's folder.
+    (tmp_path / "kernel_tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "kernel_tmp"))
     repo = os.path.abspath(os.path.join(os.path.dirname(NOTEBOOK), ".."))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([repo, *filter(None, [os.environ.get("PYTHONPATH")])]))
     sidecars_before = sidecars_now()
