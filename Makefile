@@ -11,7 +11,7 @@ run: venv
 
 # Three pytest workers, a test file each at a time (module fixtures stay whole): 2-core AMD host, whole suite 1971 s
 # serial, 1428 s with two workers, 1267 s with three; 1126 s since the driver JVMs map a class archive and the
-# command line loads no torch. Both cores are then busy (a /proc profile by process: docs/benchmarks.md, "The
+# command line loads no torch. Both cores were busy in a /proc profile by process (docs/benchmarks.md, "The
 # driver JVM's start"). Each worker has its own sidecar
 # directory and device cache (tests/conftest.py), and needs about 3 GB of memory: make test TEST_WORKERS=2.
 TEST_WORKERS ?= 3
