@@ -6,9 +6,9 @@ import argparse
 import os
 
 from spark_cnn.cli.classify import report
+from spark_cnn.paths import user_cache_dir
 
-DEFAULT_DEMO_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                "spark_cnn", "demo")
+DEFAULT_DEMO_DIR = user_cache_dir("demo")
 
 
 def register(commands) -> None:

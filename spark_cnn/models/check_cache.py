@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from spark_cnn.models.spec import ModelSpec
+from spark_cnn.paths import user_cache_dir
 
 __all__ = ["CACHE_DIR_ENV", "CACHE_ENV", "MAX_ENTRIES", "cache_dir", "dependencies", "enabled", "entry_key",
            "loaded_code_files", "lookup", "store"]
@@ -62,8 +63,7 @@ def cache_dir() -> str:
     override = os.environ.get(CACHE_DIR_ENV)
     if override:
         return os.path.join(override, SUBDIR)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "spark_cnn", SUBDIR)
+    return user_cache_dir(SUBDIR)
 
 
 def entry_key(spec: ModelSpec, memory_key: tuple) -> tuple:

@@ -29,6 +29,7 @@ from spark_cnn.models.extras import import_extra
 from spark_cnn.models.pt2_check import check_pickle_free
 from spark_cnn.models.spec import MLFLOW_SCHEMES, MLMODEL_FILE, file_sha256
 from spark_cnn.models.weights import ResolvedWeights
+from spark_cnn.paths import user_cache_dir
 
 PT2_FILE, PICKLE_FILE = "model.pt2", "model.pth"  # what mlflow.pytorch.save_model writes under model_data
 # Resize of an input size the signature fixes: ImageNet's evaluation ratio (256 for a 224 crop).
@@ -93,7 +94,7 @@ def registry_version(client, source: str) -> tuple[str | None, str | None]:
 
 def mlflow_cache_dir() -> str:
     """Downloaded MLflow models: $XDG_CACHE_HOME/spark_cnn/mlflow/<key>/."""
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spark_cnn", "mlflow")
+    return user_cache_dir("mlflow")
 
 
 def _cached_download(mlflow, uri: str, target: str) -> str:

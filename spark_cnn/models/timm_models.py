@@ -18,6 +18,7 @@ from spark_cnn.imaging.preprocess import INTERPOLATIONS
 from spark_cnn.models.extras import import_extra
 from spark_cnn.models.spec import TIMM_PREFIX
 from spark_cnn.models.weights import ResolvedWeights
+from spark_cnn.paths import user_cache_dir
 
 # timm's eval transforms crop this share of the resized image when the config names none (timm.data.constants).
 DEFAULT_CROP_PCT = 0.875
@@ -99,7 +100,7 @@ def timm_categories(module: nn.Module) -> tuple[str, ...] | None:
 
 def timm_cache_dir() -> str:
     """Where timm's pretrained weights are kept as state_dict files to ship: $XDG_CACHE_HOME/spark_cnn/timm."""
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spark_cnn", "timm")
+    return user_cache_dir("timm")
 
 
 def _save_state(module: nn.Module, name: str) -> str:

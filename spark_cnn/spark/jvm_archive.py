@@ -1,16 +1,16 @@
 """A class-data-sharing (CDS) archive of the driver JVM's classes: the driver JVMs that spark_cnn starts map
 Spark's classes from it instead of loading and verifying them from the jars again.
 
-A local Spark session (start, one small job, stop) cost 21 CPU-s and 17 s on the 2-core AMD guest, 12.5 CPU-s and
-10 s with the archive (docs/benchmarks.md, "The driver JVM's start"). The archive is the JDK's own dynamic archive
-(`-XX:ArchiveClassesAtExit`): a JVM that ran a small job of the kind the jobs run (Arrow to and from a Python
-worker, Parquet written and read) writes the classes it loaded when it exits. It is only valid for the same JDK,
-the same jars and a class path it is a prefix of, so its name is a hash of those, and the JVM is told to use it
-quietly: one that does not fit (a user's extra driver class path in front, a jar changed in place) is refused by
-the JVM, which then starts as it would without it.
+A local Spark session (start, one small job, stop) cost 21-22 CPU-s and 17-18 s on the 2-core AMD guest, 13-14
+CPU-s and 10.6-11 s with the archive (docs/benchmarks.md, "The driver JVM's start"). The archive is the JDK's own
+dynamic archive (`-XX:ArchiveClassesAtExit`): a JVM that ran a small job of the kind the jobs run (Arrow to and
+from a Python worker, Parquet written and read) writes the classes it loaded when it exits. It is only valid for
+the same JDK, the same jars and a class path it is a prefix of, so its name is a hash of those, and the JVM is
+told to use it quietly: one that does not fit (a user's extra driver class path in front, a jar changed in place)
+is refused by the JVM, which then starts as it would without it.
 
-Built by `python -m spark_cnn.spark.jvm_archive` (`make` runs it after installing; `spark-cnn doctor` when it is
-missing), under `$SPARK_CNN_JVM_ARCHIVE_DIR`, else `$XDG_CACHE_HOME/spark_cnn/jvm` (`~/.cache/...`).
+Built by `python -m spark_cnn.spark.jvm_archive` (`make` runs it after installing), under
+`$SPARK_CNN_JVM_ARCHIVE_DIR`, else `$XDG_CACHE_HOME/spark_cnn/jvm` (`~/.cache/...`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from spark_cnn.paths import user_cache_dir
+
 ARCHIVE_DIR_ENV = "SPARK_CNN_JVM_ARCHIVE_DIR"
 # The JVM's CDS messages off: an archive that does not fit is a slower start, not something to print.
 QUIET = "-Xlog:cds=off,cds+dynamic=off"
@@ -32,8 +34,7 @@ BUILD_TIMEOUT_S = 300
 
 
 def archive_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.environ.get(ARCHIVE_DIR_ENV) or os.path.join(base, "spark_cnn", "jvm")
+    return os.environ.get(ARCHIVE_DIR_ENV) or user_cache_dir("jvm")
 
 
 def _java() -> str | None:

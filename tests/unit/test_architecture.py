@@ -29,7 +29,7 @@ PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pa
 
 # Lowest first. A package may import from its own layer's package and from lower layers; packages of one layer
 # may import each other only where SIDEWAYS allows it. "api" is spark_cnn/__init__.py and spark_cnn/__main__.py.
-LAYERS = (("errors",), ("options",), ("imaging",), ("formats",), ("models",), ("task",), ("sidecar", "perf"),
+LAYERS = (("errors", "paths"), ("options",), ("imaging",), ("formats",), ("models",), ("task",), ("sidecar", "perf"),
           ("config",), ("spark",), ("cli", "bench", "perf_tools"), ("api",))
 # Imports between packages of one layer: (importer, imported) -> the modules it may import (None: any).
 SIDEWAYS = {
@@ -43,7 +43,7 @@ SIDEWAYS = {
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 # Modules that run in Spark's Python workers, and what they must not load.
-TORCH_FREE_PACKAGES = {"task", "imaging", "formats", "config", "errors", "options"}
+TORCH_FREE_PACKAGES = {"task", "imaging", "formats", "config", "errors", "options", "paths"}
 TORCH_FREE_MODULES = {"spark_cnn.models.spec"}
 HEAVY = ("torch", "torchvision", "pyspark", "py4j")
 # Where pyspark may be imported.
