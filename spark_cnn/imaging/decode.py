@@ -159,8 +159,14 @@ FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_
 
 
 def _read_regular_file(path: str, options: DecodeOptions) -> bytes:
-    target = os.path.realpath(path)
-    _require_regular(os.stat(target).st_mode, path, target)  # a device or FIFO is not even opened
+    # One lstat settles the usual case, a regular file that is no link: os.path.realpath walks the path in
+    # Python, an lstat per component (2.5% of a task's samples in a mobilenet_v3_small job's profile).
+    if stat.S_ISREG(os.lstat(path).st_mode):
+        target = path
+    else:
+        target = os.path.realpath(path)
+        _require_regular(os.stat(target).st_mode, path, target)  # a device or FIFO is not even opened
+    # O_NOFOLLOW: a file swapped for a link since the check fails to open instead of being followed
     fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -187,7 +193,7 @@ def _require_regular(mode: int, path: str, target: str) -> None:
     if stat.S_ISREG(mode):
         return
     kind = next((name for test, name in FILE_KINDS if test(mode)), f"of type {stat.S_IFMT(mode):o}")
-    where = "" if target == os.path.abspath(path) else f" (a link to {target})"
+    where = "" if os.path.abspath(target) == os.path.abspath(path) else f" (a link to {target})"
     raise ImageError(f"not a regular file{where}: it is {kind}; only regular files are read as images (list "
                      "the image files themselves)")
 

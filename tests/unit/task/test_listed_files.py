@@ -135,3 +135,14 @@ def test_a_fifo_or_a_link_to_a_device_in_the_input_is_an_error_row_not_a_hang(tm
     assert "not a regular file (a link to /dev/zero): it is a character device" in str(from_zeros)
     assert _read_in_time(str(photo)) == b"\xff\xd8 bytes"
     assert _read_in_time(str(linked)) == b"\xff\xd8 bytes", "a link to a regular file is read"
+
+
+def test_a_file_under_a_linked_folder_or_named_relatively_is_read(tmp_path, monkeypatch):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(b"\xff\xd8 a")
+    (tmp_path / "linked").symlink_to(photos, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    assert read_image_file(str(tmp_path / "linked" / "a.jpg")) == b"\xff\xd8 a"
+    assert read_image_file("photos/a.jpg") == b"\xff\xd8 a"
+    assert read_image_file("linked/a.jpg") == b"\xff\xd8 a"
