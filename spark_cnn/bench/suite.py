@@ -47,6 +47,7 @@ from spark_cnn.bench.variants import (
     VARIANTS,
 )
 from spark_cnn.models.spec import model_kind
+from spark_cnn.task.sidecar_env import sidecar_environment
 
 DEFAULT_MODELS = ("mobilenet_v3_small", "resnet18")
 # Steady work per variant in the full bench: at least 20 s, so start-up costs fade; sizing from the limit rate
@@ -127,6 +128,15 @@ def _save_model(model: str, folder: str) -> tuple[str, str | None]:
     return model, path
 
 
+def variant_environment(task: VariantTask) -> dict[str, str]:
+    """The environment a variant's process starts with. The limit times the sidecar's runner, so it runs with
+    the sidecar's allocator (SIDECAR_MALLOC_ENV; its decoders are spawned without it, as tasks run); without
+    it glibc maps and unmaps each large activation, and mobilenet_v3_small's batch of 32 at one thread ran
+    3.63-3.93 ms an image against 3.12 (docs/benchmarks.md, "A faster host"). Every other variant is a user's
+    process, or starts its sidecar itself, and keeps the bench's environment."""
+    return sidecar_environment() if task.variant == "limit" else dict(os.environ)
+
+
 def run_variant(task: VariantTask, workdir: str) -> dict:
     """One variant in a fresh process; adds its peak memory, CPU per image by process kind, wall time and
     anything it left behind."""
@@ -134,7 +144,7 @@ def run_variant(task: VariantTask, workdir: str) -> dict:
     started = time.perf_counter()
     with TreeMemorySampler() as sampler, TreeCpuSampler() as cpu:
         proc = subprocess.run([sys.executable, "-m", "spark_cnn.bench.variants", json.dumps(asdict(task)), out],
-                              capture_output=True, text=True, timeout=VARIANT_TIMEOUT_S)
+                              capture_output=True, text=True, timeout=VARIANT_TIMEOUT_S, env=variant_environment(task))
     wall_s = time.perf_counter() - started
     leftovers = reap_leftovers()
     if proc.returncode != 0:

@@ -37,6 +37,7 @@ two edges (`window_snapshots`), so the bench can charge CPU time to that run alo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -58,6 +59,7 @@ from spark_cnn.bench.variant_task import (
     load_model,
     user_transform,
 )
+from spark_cnn.task.sidecar_env import SIDECAR_MALLOC_ENV
 
 MASTER = "local[2]"
 PEER_VARIANTS = ("ray_data", "daft")  # bench/peers.py: Ray Data and Daft, the `peers` extra
@@ -411,8 +413,9 @@ def _beside_decoders(contents: list[bytes], prep, decoders: int, measure) -> dic
     results = context.Queue()
     children = [context.Process(target=_decode_until_stopped, args=(contents, prep, ready, go, stop, results),
                                 daemon=True) for _ in range(decoders)]
-    for child in children:
-        child.start()
+    with _tasks_allocator():
+        for child in children:
+            child.start()
     try:
         for _ in children:
             if not ready.acquire(timeout=120):
@@ -430,6 +433,18 @@ def _beside_decoders(contents: list[bytes], prep, decoders: int, measure) -> dic
                 child.kill()
                 child.join()
     return {"parent_per_s": parent_per_s, "decoders_per_s": rates}
+
+
+@contextlib.contextmanager
+def _tasks_allocator():
+    """Children spawned inside start with the allocator Spark's Python workers have: without the sidecar's malloc
+    settings, which the limit's own process runs with (suite.variant_environment). Spawning reads the
+    environment then; glibc reads it once, when the child starts."""
+    saved = {name: os.environ.pop(name) for name in SIDECAR_MALLOC_ENV if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def _decode_until_stopped(contents: list[bytes], prep, ready, go, stop, results) -> None:
