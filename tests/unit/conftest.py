@@ -15,6 +15,9 @@ import time
 import pytest
 import torch  # noqa: F401  (its import asks ldconfig for CUDA libraries: a process the tests do not start)
 
+with contextlib.suppress(ImportError):  # the report's plot: its first import on a machine runs fc-list for a font cache
+    import matplotlib.font_manager  # noqa: F401
+
 _WHY = "unit tests start no process and do not sleep: move the test to tests/integration, or wait on an Event"
 
 
