@@ -18,7 +18,7 @@ from spark_cnn.models.spec import Endpoint
 from spark_cnn.sidecar.fault_injection import with_injected_faults
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.runner import ModelRunner, cpu_compute_workers
-from spark_cnn.sidecar.service import ModelService
+from spark_cnn.sidecar.service import ModelService, batch_delay_s
 from spark_cnn.sidecar.startup import (
     BatchStart,
     act_on_verdict,
@@ -114,6 +114,7 @@ class ServiceRegistry:
         runner, loaded = self._models.get(endpoint, options)
         start = BatchStart(rows) if options.batch_size else auto_start(runner, self.device, self.threads)
         service = ModelService(runner, start.rows, self.stats, tuner=start.tuner, on_sticky=self.on_sticky,
+                               max_delay_s=batch_delay_s(runner),
                                compute_workers=cpu_compute_workers(self.device, self.threads),
                                max_queued_batches=queued_batches(endpoint.sized), prediction=start.check,
                                on_verdict=functools.partial(act_on_verdict, str(self.device), self.threads,

@@ -43,8 +43,15 @@ from spark_cnn.task.protocol import ErrorKind, Kind, SizedImages
 
 log = logging.getLogger("spark_cnn.sidecar")
 
-# How long a partial batch may wait for more rows: small against a CPU batch (~50 ms), enough to merge tasks.
+# How long a partial batch may wait for more rows on an accelerator: small against its idle time, enough to
+# merge tasks.
 MAX_BATCH_DELAY_S = 0.01
+# On a CPU the wait costs nothing, as the cores it leaves are decoding the rows it waits for, and a partial batch
+# costs more CPU per image. 100 ms is about one CPU batch (mobilenet_v3_small, 32 images at one thread) and a
+# quarter of what a task's requests in flight cover (4 of 16 rows, ~400 ms of decoding on a core), so tasks
+# do not wait for replies. On the 2-core host (spark-cnn bench, mobilenet_v3_small) mean batches went from 24
+# to 45 rows and the sidecar's CPU from 4.27 to 4.12 ms an image (docs/benchmarks.md).
+CPU_BATCH_DELAY_S = 0.1
 # Queue bound, in batches: enough to keep the device busy while clients refill, small enough for memory
 # (8 x 64 rows x 150 KB = 77 MB at 224 px on a GPU).
 MAX_QUEUED_BATCHES = 8
@@ -114,6 +121,12 @@ class InferRequest:
                 return False
             self.answered = True
             return True
+
+
+def batch_delay_s(runner: ModelRunner) -> float:
+    """How long a partial batch waits for more rows before `runner` computes it: CPU_BATCH_DELAY_S where its
+    forwards take the host's cores (a simulated device, though on the CPU, stands for an accelerator)."""
+    return CPU_BATCH_DELAY_S if runner.device.type == "cpu" and runner.normalises else MAX_BATCH_DELAY_S
 
 
 def _concat(parts: list):

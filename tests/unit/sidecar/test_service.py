@@ -16,9 +16,16 @@ from spark_cnn.models.digits import DIGITS_FACTORY, DIGITS_PREPROCESSING, Digits
 from spark_cnn.models.resolve import resolve_endpoint
 from spark_cnn.models.spec import ModelSpec
 from spark_cnn.models.tensors import normalise
+from spark_cnn.sidecar.batcher import BatchPlanner
 from spark_cnn.sidecar.job_stats import JobStats
 from spark_cnn.sidecar.runner import ModelRunner, Pending, Staged
-from spark_cnn.sidecar.service import InferRequest, ModelService
+from spark_cnn.sidecar.service import (
+    CPU_BATCH_DELAY_S,
+    MAX_BATCH_DELAY_S,
+    InferRequest,
+    ModelService,
+    batch_delay_s,
+)
 from spark_cnn.task.protocol import Kind
 from spark_cnn.task.schema import ERROR
 from tests.service_doubles import (
@@ -303,3 +310,30 @@ def test_close_ends_the_pipeline_threads():
 
     assert service.close(timeout_s=JOIN_S)
     assert not any(thread.is_alive() for thread in service._threads)
+
+
+# --- how long a partial batch waits ------------------------------------------------------------------------------
+
+def test_a_cpu_model_waits_longer_for_a_full_batch_than_a_simulated_accelerator(tmp_path):
+    """On the CPU the wait leaves the cores to the tasks decoding the rows it waits for; an accelerator (here the
+    simulated one, itself on the CPU) would idle."""
+    weights = str(tmp_path / "digits.pt")
+    torch.save(DigitsCNN().state_dict(), weights)
+    cpu_model = ModelRunner(resolve_endpoint(ModelSpec(DIGITS_FACTORY, weights=weights)).endpoint, torch.device("cpu"))
+    accelerator = ModelRunner(resolve_endpoint(ModelSpec("sim:resnet50-h200")).endpoint, torch.device("cpu"))
+    assert batch_delay_s(accelerator) == MAX_BATCH_DELAY_S < CPU_BATCH_DELAY_S == batch_delay_s(cpu_model)
+
+    # Two tasks' requests of 16 rows, 50 ms apart, towards a batch of 64: one batch of 32 on the CPU, two of 16 where
+    # the device would idle.
+    batches = {}
+    for name, runner in (("cpu", cpu_model), ("accelerator", accelerator)):
+        planner = BatchPlanner(64, batch_delay_s(runner))
+        planner.add("a", rows=16, now=0.0)
+        sizes = []
+        for now in (0.02, 0.05, 0.08, 0.12):
+            if now == 0.05:
+                planner.add("b", rows=16, now=now)
+            if planner.ready(now):
+                sizes.append(sum(s.rows for s in planner.take()))
+        batches[name] = sizes
+    assert batches == {"cpu": [32], "accelerator": [16, 16]}
