@@ -109,7 +109,8 @@ def limit_lines(limit: dict, ours: float | None) -> list[str]:
     if not limit.get("model_per_s_by_threads"):
         lines = [f"  limit = {limit['cores']} cores x decode on a core: the model is near-free"]
         if side:
-            lines.append(f"    side by side ({side['decoders']} decoding at once): {side['decode_per_s_per_core']:.1f} "
+            lines.append(f"    side by side ({side['decoders']} decoding at once{_windows_note(side)}): "
+                         f"{side['decode_per_s_per_core']:.1f} "
                          f"img/s per core ({1000 / side['decode_per_s_per_core']:.2f} CPU ms per image)")
         lines.append(f"    alone: {limit['decode_per_s_one_core']:.1f} img/s on one core "
                      f"({1000 / limit['decode_per_s_one_core']:.2f} CPU ms per image)"
@@ -119,13 +120,22 @@ def limit_lines(limit: dict, ours: float | None) -> list[str]:
     lines = [f"  limit = {limit['cores']} cores / (1/decode + min over threads t of t/model), batch "
              f"{limit['model_batch_size']}"]
     if side:
-        lines.append(f"    side by side (the limit): decode {side['decode_per_s_per_core']:.1f} img/s a core beside "
-                     f"the model, model {side['model_per_s_one_thread']:.1f} img/s on 1 thread beside decoding "
+        lines.append(f"    side by side (the limit{_windows_note(side)}): decode "
+                     f"{side['decode_per_s_per_core']:.1f} img/s a core beside the model, model "
+                     f"{side['model_per_s_one_thread']:.1f} img/s on 1 thread beside decoding "
                      f"= {limit['images_per_s']:.1f} img/s")
     lines.append(f"    alone: decode {limit['decode_per_s_one_core']:.1f} img/s on one core; model {model_rates} img/s "
                  + (f"= {alone:.1f} img/s" if alone else "") + (f" (spark_cnn / lone-core limit {ours / alone:.2f})"
                                           if side and ours and alone else ""))
     return lines
+
+
+def _windows_note(side: dict) -> str:
+    """', median of N windows, MIN-MAX img/s' where the side-by-side limit was measured more than once."""
+    rates = [window["images_per_s"] for window in side.get("windows") or ()]
+    if len(rates) < 2:
+        return ""
+    return f", median of {len(rates)} windows {min(rates):.1f}-{max(rates):.1f} img/s"
 
 
 def _spread_cell(spread: dict | None) -> str:

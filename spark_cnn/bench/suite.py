@@ -38,7 +38,13 @@ from spark_cnn.bench.device_budget import decode_ms_per_image, device_budget, st
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.spread import median_round, rotated, spread_of
-from spark_cnn.bench.variant_task import VariantTask, bench_task, random_torchvision
+from spark_cnn.bench.variant_task import (
+    LIMIT_BATCH_SIZES,
+    LIMIT_WINDOWS,
+    VariantTask,
+    bench_task,
+    random_torchvision,
+)
 from spark_cnn.bench.variants import (
     DEFAULT_VARIANTS,
     DETECT_VARIANTS,
@@ -195,7 +201,8 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
             simulated = model_kind(model) == "simulated"
             base = VariantTask(variant="limit", model=source, weights=weights, input=input_dir(256, config.data_dir),
                                warmup_input=warmup, images=0, measure_s=1.5 if config.quick else 4.0,
-                               limit_batch_sizes=(16,) if config.quick else (8, 16, 32),
+                               limit_batch_sizes=(16,) if config.quick else LIMIT_BATCH_SIZES,
+                               limit_windows=1 if config.quick else LIMIT_WINDOWS,
                                measure_model=not near_free(model),
                                **({"batch_size": SIM_BATCH_SIZE, "decode": "task"} if simulated else {}))
             variants = [v for v in VARIANTS if v in config.variants]

@@ -13,6 +13,8 @@ from spark_cnn.bench.cputime import snapshot_to_json, tree_snapshot
 BATCH_SIZE = 32  # bare and predict_batch_udf run at one fixed size, a common choice for CNN inference
 # Batch sizes the model-only measurement tries at one thread; the limit takes the fastest.
 LIMIT_BATCH_SIZES = (8, 16, 32)
+# Side-by-side windows the limit measures, taking the median (variants.run_limit).
+LIMIT_WINDOWS = 3
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class VariantTask:
     images: int
     measure_s: float = 4.0  # limit only: seconds per measurement
     limit_batch_sizes: tuple[int, ...] = LIMIT_BATCH_SIZES
+    limit_windows: int = LIMIT_WINDOWS  # limit only: side-by-side windows, median taken
     measure_model: bool = True  # limit only: False for a near-free model, whose limit is decoding alone
     task: str = "classify"  # or "detect": a torchvision detection builder
     output: str | None = None  # keep the measured run's rows here (Parquet folder); None: a temporary folder

@@ -342,7 +342,8 @@ def run_limit(task: VariantTask) -> dict:
     while the model runs at one thread on the last, as any pipeline that decodes while it computes runs them. The
     limit is the side-by-side one: on this project's 2-core guest the model ran 16% slower beside decoding than
     alone (docs/benchmarks.md), a cost no pipeline escapes; the lone-core figure stays in the result
-    (`images_per_s_alone`). With a near-free model every core decodes side by side."""
+    (`images_per_s_alone`). Side by side runs LIMIT_WINDOWS windows and takes the median: one window's figure
+    moved by a fifth between rounds on a quiet host. With a near-free model every core decodes side by side."""
     import torch
 
     from spark_cnn.bench.dataset import input_files
@@ -371,10 +372,14 @@ def run_limit(task: VariantTask) -> dict:
     if not task.measure_model:
         result["images_per_s_alone"] = pipeline_limit(decode_per_s, {}, cores)
         if cores > 1:
-            beside = _beside_decoders(contents, prep, cores - 1, lambda: _rate(decode_some, task.measure_s, 16))
-            decode_side = (beside["parent_per_s"] + sum(beside["decoders_per_s"])) / cores
-            result["side_by_side"] = {"decode_per_s_per_core": decode_side, "decoders": cores}
-            result["images_per_s"] = pipeline_limit(decode_side, {}, cores)
+            beside = _beside_decoders(contents, prep, cores - 1, lambda: _rate(decode_some, task.measure_s, 16),
+                                      task.limit_windows)
+            windows = [{"decode_per_s_per_core": (parent + sum(decoders)) / cores}
+                       for parent, decoders in zip(beside["parent_per_s"], beside["decoders_per_s"], strict=True)]
+            for window in windows:
+                window["images_per_s"] = pipeline_limit(window["decode_per_s_per_core"], {}, cores)
+            result["side_by_side"] = {**_median_window(windows), "decoders": cores, "windows": windows}
+            result["images_per_s"] = result["side_by_side"]["images_per_s"]
         else:
             result["images_per_s"] = result["images_per_s_alone"]
         return result
@@ -388,51 +393,68 @@ def run_limit(task: VariantTask) -> dict:
     model_per_s[1] = by_batch[best]
     if cores > 1:
         beside = _beside_decoders(contents, prep, cores - 1,
-                                  lambda: _rate(lambda: runner.run(pixels[:best]), task.measure_s, best))
-        decode_side = sum(beside["decoders_per_s"]) / len(beside["decoders_per_s"])
-        result["side_by_side"] = {"decode_per_s_per_core": decode_side, "decoders": cores - 1,
-                                  "model_per_s_one_thread": beside["parent_per_s"]}
+                                  lambda: _rate(lambda: runner.run(pixels[:best]), task.measure_s, best),
+                                  task.limit_windows)
+        windows = [{"decode_per_s_per_core": sum(decoders) / len(decoders), "model_per_s_one_thread": parent}
+                   for parent, decoders in zip(beside["parent_per_s"], beside["decoders_per_s"], strict=True)]
+        for window in windows:
+            window["images_per_s"] = pipeline_limit(window["decode_per_s_per_core"],
+                                                    {1: window["model_per_s_one_thread"]}, cores)
+        result["side_by_side"] = {**_median_window(windows), "decoders": cores - 1, "windows": windows}
         torch.set_num_threads(cores)
         model_per_s[cores] = _rate(lambda: runner.run(pixels[:best]), task.measure_s, best)
     result.update(model_per_s_by_threads=model_per_s, model_per_s_one_thread_by_batch=by_batch,
                   model_batch_size=best, images_per_s_alone=pipeline_limit(decode_per_s, model_per_s, cores))
     side = result.get("side_by_side")
-    result["images_per_s"] = (pipeline_limit(side["decode_per_s_per_core"], {1: side["model_per_s_one_thread"]},
-                                             cores) if side else result["images_per_s_alone"])
+    result["images_per_s"] = side["images_per_s"] if side else result["images_per_s_alone"]
     return result
 
 
-def _beside_decoders(contents: list[bytes], prep, decoders: int, measure) -> dict:
-    """Run `measure()` (a rate, in this process) while `decoders` child processes decode `contents` without a
-    pause; each child's decode rate over the same window. Children are spawned (no fork of a process holding
-    torch's threads) and joined before returning."""
+def _median_window(windows: list[dict]) -> dict:
+    """The side-by-side window whose limit is the median (the lower middle of an even count), so that its decode
+    and model rates are one window's, measured together.
+
+    >>> _median_window([{"images_per_s": 3}, {"images_per_s": 1}, {"images_per_s": 2}])
+    {'images_per_s': 2}
+    """
+    ranked = sorted(windows, key=lambda window: window["images_per_s"])
+    return dict(ranked[(len(ranked) - 1) // 2])
+
+
+def _beside_decoders(contents: list[bytes], prep, decoders: int, measure, windows: int = 1) -> dict:
+    """Run `measure()` (a rate, in this process) `windows` times while `decoders` child processes decode
+    `contents` without a pause; per window, the parent's rate and each child's decode rate over the same span
+    (children count their images in shared memory, read at each window's edges). Children are spawned (no fork
+    of a process holding torch's threads), decode from their start to the end, and are joined before returning."""
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
-    ready, go, stop = context.Semaphore(0), context.Event(), context.Event()
-    results = context.Queue()
-    children = [context.Process(target=_decode_until_stopped, args=(contents, prep, ready, go, stop, results),
-                                daemon=True) for _ in range(decoders)]
+    ready, stop = context.Semaphore(0), context.Event()
+    counters = [context.RawValue("q", 0) for _ in range(decoders)]
+    children = [context.Process(target=_decode_until_stopped, args=(contents, prep, ready, stop, counter),
+                                daemon=True) for counter in counters]
     with _tasks_allocator():
         for child in children:
             child.start()
+    parent_per_s, decoders_per_s = [], []
     try:
         for _ in children:
             if not ready.acquire(timeout=120):
                 raise RuntimeError("a side-by-side decoder did not start within 120 s")
-        go.set()
-        parent_per_s = measure()
-        stop.set()
-        rates = [results.get(timeout=60) for _ in children]
+        for _ in range(windows):
+            counts, started = [counter.value for counter in counters], time.perf_counter()
+            parent_per_s.append(measure())
+            elapsed = time.perf_counter() - started
+            decoders_per_s.append([(counter.value - count) / elapsed
+                                   for counter, count in zip(counters, counts, strict=True)])
     finally:
         stop.set()
-        go.set()
         for child in children:
             child.join(timeout=30)
             if child.is_alive():
                 child.kill()
                 child.join()
-    return {"parent_per_s": parent_per_s, "decoders_per_s": rates}
+    return {"parent_per_s": parent_per_s, "decoders_per_s": decoders_per_s}
 
 
 @contextlib.contextmanager
@@ -447,22 +469,19 @@ def _tasks_allocator():
         os.environ.update(saved)
 
 
-def _decode_until_stopped(contents: list[bytes], prep, ready, go, stop, results) -> None:
-    """A side-by-side decoder (child process): decode to warm up until `go`, then count until `stop`; put its rate."""
+def _decode_until_stopped(contents: list[bytes], prep, ready, stop, counter) -> None:
+    """A side-by-side decoder (child process): warm up, say ready, then decode until `stop`, counting each image
+    in `counter` (shared memory, written by this process only)."""
     from spark_cnn.imaging.preprocess import preprocess_pixels
 
     for data in contents[:16]:
         preprocess_pixels(data, prep)
     ready.release()
-    warming = 16
-    while not go.is_set():  # keep decoding (warm, and the core busy) until every decoder and the model start
-        preprocess_pixels(contents[warming % len(contents)], prep)
-        warming += 1
-    done, started = 0, time.perf_counter()
+    done = 0
     while not stop.is_set():
         preprocess_pixels(contents[done % len(contents)], prep)
         done += 1
-    results.put(done / (time.perf_counter() - started))
+        counter.value = done
 
 
 RUNNERS = {"bare": run_bare, "row": run_row, "predict_batch_udf": run_predict_batch_udf,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -98,3 +99,8 @@ def test_the_limit_times_the_model_beside_decoding_and_keeps_the_lone_core_figur
     assert side["decode_per_s_per_core"] > 0 and side["model_per_s_one_thread"] > 0
     assert result["images_per_s"] == pytest.approx(variants.pipeline_limit(
         side["decode_per_s_per_core"], {1: side["model_per_s_one_thread"]}, result["cores"]))
+    # Measured in task.limit_windows windows, the limit being the median window's.
+    windows = side["windows"]
+    assert len(windows) == task.limit_windows >= 3
+    assert all(w["decode_per_s_per_core"] > 0 and w["model_per_s_one_thread"] > 0 for w in windows)
+    assert result["images_per_s"] == pytest.approx(statistics.median(w["images_per_s"] for w in windows))
