@@ -133,3 +133,19 @@ def test_the_near_free_model_loads_as_torchscript_with_the_default_preprocessing
     assert (endpoint.preprocessing.resize, endpoint.preprocessing.crop) == (Preprocessing().resize, 224)
     user = load_model(path, None)  # what the bare loop and the Spark UDFs load
     assert user(torch.zeros(2, 3, 224, 224)).shape == (2, 10)
+
+
+def test_the_limits_lines_give_the_median_window_and_the_range_of_every_window():
+    windows = [{"decode_per_s_per_core": d, "model_per_s_one_thread": m, "images_per_s": pipeline_limit(d, {1: m}, 2)}
+               for d, m in ((400.0, 200.0), (380.0, 230.0), (420.0, 180.0))]
+    median = sorted(windows, key=lambda w: w["images_per_s"])[1]
+    limit = {"decode_per_s_one_core": 500.0, "cores": 2, "model_per_s_by_threads": {1: 250.0, 2: 360.0},
+             "model_batch_size": 32, "images_per_s": median["images_per_s"], "images_per_s_alone": 330.0,
+             "side_by_side": {**median, "decoders": 1, "windows": windows}}
+    side_line = report.limit_lines(limit, ours=250.0)[1]
+    rates = [w["images_per_s"] for w in windows]
+    assert f"median of 3 windows {min(rates):.1f}-{max(rates):.1f} img/s" in side_line
+    assert f"= {median['images_per_s']:.1f} img/s" in side_line
+    # One window (a quick run, or a result from before windows): no range to give.
+    one = {**limit, "side_by_side": {**median, "decoders": 1, "windows": windows[:1]}}
+    assert "windows" not in report.limit_lines(one, ours=250.0)[1]
