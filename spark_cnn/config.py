@@ -205,7 +205,7 @@ class InferenceOptions:
     request_rows: int = option(DEFAULT_REQUEST_ROWS, commands=(), help="rows per request a task sends its sidecar",
                                reaches="tasks", example="32")
     max_in_flight: int = option(DEFAULT_MAX_IN_FLIGHT, commands=(),
-                                help="requests a task keeps unanswered at its sidecar", reaches="tasks", example="8")
+                                help="requests a task keeps unanswered at its sidecar", reaches="tasks", example="16")
     idle_timeout_s: float = option(DEFAULT_IDLE_TIMEOUT_S, commands=(),
                                    help="seconds a sidecar with no connection waits before it exits",
                                    reaches="tasks", example="600")

@@ -32,8 +32,11 @@ REPLY_TIMEOUT_S = 300.0
 # Rows per request a task sends: large enough to amortise a message (~0.1 ms), small enough that the
 # batcher can fill device batches from several tasks at once.
 DEFAULT_REQUEST_ROWS = 16
-# Requests a client keeps in flight: enough to hide a round trip and the client's own decoding.
-DEFAULT_MAX_IN_FLIGHT = 4
+# Requests a client keeps in flight: enough to hide a round trip and the client's own decoding, and on a CPU
+# sidecar, which waits up to 100 ms for a full batch and computes two at once, enough rows (8 x 16) to cover a
+# batch filling while two compute. On the 2-core host 4 left the cores 1.91 busy, 8 1.93-1.96 (mobilenet_v3_small,
+# six jobs alternating, docs/benchmarks.md).
+DEFAULT_MAX_IN_FLIGHT = 8
 # How often a send held back re-checks its deadline while another thread reads the connection: that thread takes
 # the PROGRESS messages, which move the deadline the sender waits on.
 SEND_POLL_S = 0.1
