@@ -7,6 +7,7 @@ you import. State dicts are loaded with `weights_only=True`, which refuses pickl
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import re
 import shutil
@@ -20,8 +21,11 @@ from torch import nn
 
 from spark_cnn.errors import ModelError
 from spark_cnn.imaging.preprocess import Preprocessing
+from spark_cnn.models.batchnorm_folding import fold_batchnorms
 from spark_cnn.models.factory_code import factory_code_digest, factory_files
 from spark_cnn.models.spec import model_kind
+
+log = logging.getLogger(__name__)
 
 # Torchvision models with training-only auxiliary classifiers, and the state-dict prefixes of those heads. Built for
 # given weights, they are built as torchvision builds them for its pretrained weights: the input transform on
@@ -47,7 +51,7 @@ def build_module(source: str, weights: str | None = None, weights_enum: str | No
 
         if not weights:
             raise ModelError(f"--model {source}: an MLflow model needs its resolved model file")
-        return load_mlflow_file(weights, source).eval()
+        return _folded(load_mlflow_file(weights, source).eval())
     if kind == "simulated":
         from spark_cnn.models.simulated import simulated_module
 
@@ -67,7 +71,16 @@ def build_module(source: str, weights: str | None = None, weights_enum: str | No
         module = _torchvision_model(source, pretrained=bool(weights), weights_enum=weights_enum)
     if weights:
         module = _load_weights(module, source, weights, weights_enum)
-    return module.eval()
+    return module.eval() if kind == "torchscript" else _folded(module.eval())
+
+
+def _folded(module: nn.Module) -> nn.Module:
+    """`module` with its BatchNorms folded into the convolutions before them (models/batchnorm_folding.py): what
+    the sidecar runs, and what the time model prices, since both build the model here."""
+    folded = fold_batchnorms(module)
+    if folded:
+        log.debug("folded %d BatchNorm(s) of %s into their convolutions", folded, type(module).__name__)
+    return module
 
 
 def declared_preprocessing(module: nn.Module) -> Preprocessing | None:
