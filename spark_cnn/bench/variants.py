@@ -342,8 +342,9 @@ def run_limit(task: VariantTask) -> dict:
     while the model runs at one thread on the last, as any pipeline that decodes while it computes runs them. The
     limit is the side-by-side one: on this project's 2-core guest the model ran 16% slower beside decoding than
     alone (docs/benchmarks.md), a cost no pipeline escapes; the lone-core figure stays in the result
-    (`images_per_s_alone`). Side by side runs LIMIT_WINDOWS windows and takes the median: one window's figure
-    moved by a fifth between rounds on a quiet host. With a near-free model every core decodes side by side."""
+    (`images_per_s_alone`). Side by side runs LIMIT_WINDOWS windows and takes the median, so that one stalled
+    window does not decide; the guest's drift between rounds, minutes apart, is larger than the windows' spread
+    and is what `--repeats` measures (docs/benchmarks.md). With a near-free model every core decodes side by side."""
     import torch
 
     from spark_cnn.bench.dataset import input_files

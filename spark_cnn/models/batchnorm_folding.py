@@ -89,7 +89,7 @@ def _traced_pairs(module: nn.Module, modules: dict[str, nn.Module]) -> list[tupl
             feeds.setdefault(node.target, set()).add(conv)
         elif isinstance(target, nn.modules.conv._ConvNd):
             users = list(node.users)
-            only = users[0] if len(users) == 1 and not node.kwargs.get("out") else None
+            only = users[0] if len(users) == 1 else None
             follows.setdefault(node.target, set()).add(
                 only.target if only is not None and only.op == "call_module"
                 and isinstance(modules.get(only.target), nn.modules.batchnorm._BatchNorm)

@@ -48,9 +48,9 @@ log = logging.getLogger("spark_cnn.sidecar")
 MAX_BATCH_DELAY_S = 0.01
 # On a CPU the wait costs nothing, as the cores it leaves are decoding the rows it waits for, and a partial batch
 # costs more CPU per image. 100 ms is about one CPU batch (mobilenet_v3_small, 32 images at one thread) and a
-# quarter of what a task's requests in flight cover (4 of 16 rows, ~400 ms of decoding on a core), so tasks
-# do not wait for replies. On the 2-core host (spark-cnn bench, mobilenet_v3_small) mean batches went from 24
-# to 45 rows and the sidecar's CPU from 4.27 to 4.12 ms an image (docs/benchmarks.md).
+# tenth of what a task's requests in flight cover (8 of 16 rows: about a second of one task's output at 130 img/s),
+# so tasks do not wait for replies. On the 2-core host (spark-cnn bench, mobilenet_v3_small, one round each) mean
+# batches went from 24 to 45 rows and the sidecar's CPU from 4.27 to 4.12 ms an image (docs/benchmarks.md).
 CPU_BATCH_DELAY_S = 0.1
 # Queue bound, in batches: enough to keep the device busy while clients refill, small enough for memory
 # (8 x 64 rows x 150 KB = 77 MB at 224 px on a GPU).
