@@ -287,6 +287,7 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
         sidecars = summary["sidecars"]
         return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
                 **({"short_run": short} if short else {}), "decode_cpu_s": _decode_cpu_s(summary),
+                "compute_cpu_s": round(sum(s.get("compute_cpu_s") or 0.0 for s in sidecars), 3),
                 "errors": summary["errors"],
                 "batch_size": summary["batch_size"],
                 "mean_batch_size": [s.get("mean_batch_size") for s in sidecars],

@@ -24,7 +24,7 @@ class JobStats:
     def _zero() -> dict:
         return {"batch_size": None, "precision": None, "decode": None, "requests": 0, "images": 0, "batches": 0,
                 "batch_rows": 0, "errors": 0, "oom_backoffs": 0, "device_s": 0.0, "queue_wait_s": 0.0, "waits": 0,
-                "decode_cpu_s": 0.0, "histogram": Counter()}
+                "decode_cpu_s": 0.0, "compute_cpu_s": 0.0, "histogram": Counter()}
 
     def start(self, job: str, batch_rows: int, precision: str, decode: str | None = None) -> None:
         with self._lock:
@@ -60,12 +60,15 @@ class JobStats:
             self._jobs[job]["queue_wait_s"] += seconds
             self._jobs[job]["waits"] += 1
 
-    def batch(self, job_rows: dict[str, int], rows: int, device_s: float) -> None:
-        """One device batch of `rows` rows, holding `job_rows[job]` rows of each job."""
+    def batch(self, job_rows: dict[str, int], rows: int, device_s: float, compute_cpu_s: float = 0.0) -> None:
+        """One device batch of `rows` rows, holding `job_rows[job]` rows of each job. `compute_cpu_s`, the computing
+        thread's CPU time for its forward, is shared among the jobs by rows (so that jobs sum to the sidecar's);
+        `device_s`, the batch's time, is each job's whole."""
         with self._lock:
             self._completed += 1
-            for job in job_rows:
+            for job, job_share in job_rows.items():
                 counters = self._jobs[job]
+                counters["compute_cpu_s"] += compute_cpu_s * job_share / rows if rows else 0.0
                 counters["batches"] += 1
                 counters["batch_rows"] += rows
                 counters["device_s"] += device_s
@@ -86,4 +89,5 @@ class JobStats:
         c["mean_queue_wait_ms"] = round(1000 * wait_s / waits, 3) if waits else 0.0
         c["device_s"] = round(c["device_s"], 3)
         c["decode_cpu_s"] = round(c["decode_cpu_s"], 3)
+        c["compute_cpu_s"] = round(c["compute_cpu_s"], 3)
         return c

@@ -220,7 +220,7 @@ class ModelService:
             except Exception as e:
                 self._staged_slots.release()
                 self._fail(batch, e)
-                self._computed.put((number, None, None, None))  # the deliverer must not wait for this number
+                self._computed.put((number, None, None, None, 0.0))  # the deliverer must not wait for this number
                 continue
             self._staged.put((number, batch, staged))
         for _ in range(self.compute_workers):
@@ -234,13 +234,15 @@ class ModelService:
                 return
             number, batch, staged = item
             self._staged_slots.release()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.thread_time()
             try:
                 pending = self._forward_with_backoff(batch, staged)
             except Exception as e:
                 self._fail(batch, e)
                 pending = None
-            self._computed.put((number, batch, pending, started))
+            # This thread's CPU time for the forward (on a CPU, the model's work; on CUDA, launching it): the
+            # summary's compute_cpu_s, which separates the sidecar's computing from its serving.
+            self._computed.put((number, batch, pending, started, time.thread_time() - cpu_started))
 
     def _forward_with_backoff(self, batch: list[Slice], staged: Staged) -> Pending:
         """Forward the batch; on out-of-memory, run it in halves and lower the target for what follows."""
@@ -290,7 +292,7 @@ class ModelService:
         for item in self._in_order():
             if item is None:
                 return  # closed (evicted)
-            _, batch, pending, started = item
+            _, batch, pending, started, compute_cpu_s = item
             if pending is None:
                 continue  # failed upstream; its requests have their errors already
             try:
@@ -302,7 +304,7 @@ class ModelService:
             for s in batch:
                 job_rows[s.request.job] += s.rows
             rows, elapsed = sum(job_rows.values()), time.perf_counter() - started
-            self.stats.batch(job_rows, rows, elapsed)
+            self.stats.batch(job_rows, rows, elapsed, compute_cpu_s)
             offset = 0
             for s in batch:
                 if not s.request.answered:

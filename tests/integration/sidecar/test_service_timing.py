@@ -141,6 +141,45 @@ def test_the_online_tuner_moves_the_target_to_the_measured_best():
     assert observed[tuner.target] >= 0.9 * max(observed.values()), observed
 
 
+class StallingRunner(FakeRunner):
+    """A CPU forward that stalls `stall_ms` a batch off the CPU (as on a core shared with decoding tasks) and spends
+    `cpu_ms_per_row` of its own CPU a row, by spinning on this thread's own clock, so the CPU it spends holds
+    however loaded the host is."""
+
+    def __init__(self, stall_ms: float = 10.0, cpu_ms_per_row: float = 0.5):
+        super().__init__()
+        self.stall_s, self.cpu_s_per_row = stall_ms / 1000, cpu_ms_per_row / 1000
+        self.cpu_spent_s = 0.0
+
+    def forward(self, staged: Staged) -> Pending:
+        spend = self.cpu_s_per_row * len(staged.pixels)
+        time.sleep(self.stall_s)
+        until = time.thread_time() + spend
+        while time.thread_time() < until:
+            pass
+        self.cpu_spent_s += spend
+        return super().forward(staged)
+
+
+def test_a_jobs_compute_cpu_counts_the_forwards_own_cpu_and_not_their_stalls():
+    runner, stats = StallingRunner(), JobStats()
+    service = ModelService(runner, 8, stats, max_delay_s=0.05, compute_workers=2)
+    conn = RecordingConnection()
+    requests = {i: id_rows(range(i * 100, i * 100 + 4)) for i in range(1, 101)}  # 400 rows: 50 batches of 8
+
+    def produce(i: int) -> None:
+        submit_all(service, conn, {k: v for k, v in requests.items() if k % 4 == i})
+
+    run_producers(produce, 4)
+    assert conn.wait_for(len(requests))
+    service.close()
+    snapshot = stats.snapshot(JOB)
+    # At least what the forwards spun (the rest: the fake's own tensors), far below the batches' wall time,
+    # which holds every stall (10 ms a batch, so >= 0.5 s over 50 batches against 0.2 s of CPU).
+    assert runner.cpu_spent_s <= snapshot["compute_cpu_s"] <= runner.cpu_spent_s + 0.15, snapshot
+    assert snapshot["device_s"] >= runner.cpu_spent_s + snapshot["batches"] * runner.stall_s * 0.95, snapshot
+
+
 # --- parallel compute threads (CPU sidecars) ----------------------------------------------------------------------
 
 class JitteryRunner(FakeRunner):

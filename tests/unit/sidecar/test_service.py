@@ -244,6 +244,18 @@ def test_a_batch_shared_by_two_jobs_counts_for_each_with_its_full_size():
         assert (snapshot["batches"], snapshot["histogram"], snapshot["mean_batch_size"]) == (1, {"4": 1}, 4.0)
 
 
+def test_a_batchs_compute_cpu_is_shared_among_its_jobs_by_rows():
+    stats = JobStats()
+    for job in ("job-a", "job-b"):
+        stats.start(job, 4, "fp32")
+    stats.batch({"job-a": 3, "job-b": 1}, 4, device_s=0.2, compute_cpu_s=0.4)
+    stats.batch({"job-a": 2}, 2, device_s=0.1, compute_cpu_s=0.1)
+
+    a, b = stats.snapshot("job-a"), stats.snapshot("job-b")
+    assert (a["compute_cpu_s"], b["compute_cpu_s"]) == (0.4, 0.1)  # 0.3 + 0.1, and 0.1: the jobs sum to 0.5
+    assert (a["device_s"], b["device_s"]) == (0.3, 0.2)  # each job's batches' whole time
+
+
 # --- who a failure blames, and one reply per request ---------------------------------------------------------------
 
 STICKY_ROW = 252  # a row of all 252s makes the fake model raise a CUDA error that leaves the device unusable
