@@ -6,6 +6,11 @@ shared machine spreads over all of them. The rate per core is images per CPU sec
 here is single-threaded), which other processes on a shared machine disturb far less than wall time; the
 wall-clock rate is reported beside it. Each case's pixels are also compared with the full decode's (Pillow,
 no DCT scaling): the tolerance the reduced decoders stay within.
+
+One more case, `reduced_resize_whole`, decodes as `reduced` does but resizes the whole picture before cropping
+(the product's way until 2026-12-07): beside `reduced`, it shows what resizing only the crop saves
+(imaging.crop_window), and its largest pixel difference from `reduced` (`max_diff_vs_reduced`, 0 when both
+give the same bytes) that nothing else changed.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import io
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -21,9 +27,9 @@ from PIL import Image
 
 from spark_cnn.errors import ConfigError
 from spark_cnn.imaging import fastjpeg
-from spark_cnn.imaging.decode import dct_scale
+from spark_cnn.imaging.decode import dct_scale, decode_for_resize
 from spark_cnn.imaging.limits import DecodeOptions
-from spark_cnn.imaging.preprocess import Preprocessing, preprocess_pixels
+from spark_cnn.imaging.preprocess import Preprocessing, center_crop, preprocess_pixels, resize_shorter_side
 from spark_cnn.imaging.samples import bench_jpegs, large_photo_jpegs
 
 # The cases, in the order they run and print. `full` is the reference the others are compared with.
@@ -35,6 +41,13 @@ CASES = {
     "simplejpeg_reduced": DecodeOptions(reduced_dct=True, jpeg_decoder="simplejpeg"),
 }
 FAST_CASES = ("simplejpeg_full", "simplejpeg_reduced")
+RESIZE_WHOLE_CASE = "reduced_resize_whole"
+
+
+def _resize_whole(data: bytes, prep: Preprocessing, options: DecodeOptions) -> np.ndarray:
+    """preprocess_pixels as it was before resizing only the crop: the whole picture resized, then cropped."""
+    image, box = decode_for_resize(data, options, min_short_side=prep.resize)
+    return np.asarray(center_crop(resize_shorter_side(image, prep.resize, box, prep.interpolation), prep.crop))
 
 
 @dataclass(frozen=True)
@@ -67,13 +80,13 @@ def machine_info() -> str:
     return f"{model}; {os.cpu_count()} CPU cores; 1 core used"
 
 
-def _rate(files: list[bytes], prep: Preprocessing, options: DecodeOptions, seconds: float
-          ) -> tuple[int, float, float]:
+def _rate(files: list[bytes], prep: Preprocessing, options: DecodeOptions, seconds: float,
+          preprocess: Callable = preprocess_pixels) -> tuple[int, float, float]:
     """Images done, wall seconds and CPU seconds: whole passes over `files` until `seconds` of wall time."""
     done, started, cpu_started = 0, time.perf_counter(), time.process_time()
     while True:
         for data in files:
-            preprocess_pixels(data, prep, options)
+            preprocess(data, prep, options)
         done += len(files)
         elapsed = time.perf_counter() - started
         if elapsed >= seconds:
@@ -81,8 +94,8 @@ def _rate(files: list[bytes], prep: Preprocessing, options: DecodeOptions, secon
 
 
 def _differences(files: list[bytes], prep: Preprocessing, options: DecodeOptions,
-                 reference: list[np.ndarray]) -> dict:
-    diffs = np.concatenate([np.abs(preprocess_pixels(data, prep, options).astype(np.int16) - ref).ravel()
+                 reference: list[np.ndarray], preprocess: Callable = preprocess_pixels) -> dict:
+    diffs = np.concatenate([np.abs(preprocess(data, prep, options).astype(np.int16) - ref).ravel()
                             for data, ref in zip(files, reference, strict=True)])
     return {"mean_diff": round(float(diffs.mean()), 3), "p99_diff": float(np.percentile(diffs, 99)),
             "max_diff": int(diffs.max())}
@@ -91,6 +104,8 @@ def _differences(files: list[bytes], prep: Preprocessing, options: DecodeOptions
 def run_decode_bench(config: DecodeBenchConfig) -> dict:
     prep = Preprocessing(resize=config.resize, crop=config.crop)
     cases = {name: options for name, options in CASES.items() if name not in FAST_CASES or fastjpeg.available()}
+    cases[RESIZE_WHOLE_CASE] = CASES["reduced"]
+    preprocess = {name: _resize_whole if name == RESIZE_WHOLE_CASE else preprocess_pixels for name in cases}
     results = {}
     for set_name in config.sets:
         files = IMAGE_SETS[set_name](config.images)
@@ -99,7 +114,7 @@ def run_decode_bench(config: DecodeBenchConfig) -> dict:
         counts = {name: np.zeros(3) for name in cases}  # images, wall s, CPU s
         for _ in range(config.rounds):
             for name, options in cases.items():
-                counts[name] += _rate(files, prep, options, config.seconds)
+                counts[name] += _rate(files, prep, options, config.seconds, preprocess[name])
         full_rate = counts["full"][0] / counts["full"][2]
         set_result = {"image_sizes": [f"{w}x{h}" for w, h in sizes], "files": len(files),
                       "mean_file_bytes": int(np.mean([len(d) for d in files])), "cases": {}}
@@ -110,7 +125,12 @@ def run_decode_bench(config: DecodeBenchConfig) -> dict:
                              for w, h in sizes})
             set_result["cases"][name] = {"images_per_cpu_s": round(rate, 1), "vs_full": round(rate / full_rate, 2),
                                          "images_per_wall_s": round(images / wall, 1),
-                                         "dct_scales": scales, **_differences(files, prep, options, reference)}
+                                         "dct_scales": scales,
+                                         **_differences(files, prep, options, reference, preprocess[name])}
+        whole = set_result["cases"][RESIZE_WHOLE_CASE]
+        whole["max_diff_vs_reduced"] = max(
+            int(np.abs(_resize_whole(data, prep, CASES["reduced"]).astype(np.int16)
+                       - preprocess_pixels(data, prep, CASES["reduced"])).max()) for data in files)
         results[set_name] = set_result
     return {"machine": machine_info(), "config": asdict(config), "simplejpeg": fastjpeg.available(),
             "sets": results}

@@ -13,7 +13,7 @@ from PIL import Image
 
 from spark_cnn.errors import ImageError
 from spark_cnn.imaging.modes import rgba_array_to_rgb
-from spark_cnn.imaging.preprocess import Preprocessing, center_crop, resize_shorter_side
+from spark_cnn.imaging.preprocess import Preprocessing, resize_and_crop
 
 
 def rgb_from_spark_image(data: bytes, height: int, width: int, channels: int) -> np.ndarray:
@@ -60,8 +60,7 @@ def rgb_from_array(array: np.ndarray) -> np.ndarray:
 
 def preprocess_rgb(rgb: np.ndarray, prep: Preprocessing) -> np.ndarray:
     """Decoded RGB pixels -> uint8 array of shape `prep.pixel_shape`, by the same resize and crop as files."""
-    image = center_crop(resize_shorter_side(Image.fromarray(rgb, mode="RGB"), prep.resize,
-                                           interpolation=prep.interpolation), prep.crop)
+    image = resize_and_crop(Image.fromarray(rgb, mode="RGB"), prep)
     pixels = np.asarray(image, dtype=np.uint8)
     if pixels.shape != prep.pixel_shape:
         raise ImageError(f"preprocessed image has shape {pixels.shape}, expected {prep.pixel_shape}")

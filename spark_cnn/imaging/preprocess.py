@@ -15,11 +15,13 @@ import numpy as np
 from PIL import Image
 
 from spark_cnn.errors import ConfigError, ImageError
+from spark_cnn.imaging.crop_window import resize_crop
 from spark_cnn.imaging.decode import decode_for_resize, decode_rgb
 from spark_cnn.imaging.limits import DEFAULT_DECODE, DecodeOptions
 
 __all__ = ["DEFAULT_CROP", "DEFAULT_RESIZE", "IMAGENET_MEAN", "IMAGENET_STD", "INTERPOLATIONS", "Preprocessing",
-           "center_crop", "decode_rgb", "preprocess_pixels", "resize_shorter_side"]
+           "center_crop", "center_crop_origin", "decode_rgb", "preprocess_pixels", "resize_and_crop",
+           "resize_shorter_side", "shorter_side_size"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -75,6 +77,13 @@ class Preprocessing:
         return (self.crop, self.crop, 3)
 
 
+def shorter_side_size(width: float, height: float, size: int) -> tuple[int, int]:
+    """(width, height) after resizing so the shorter side is `size`, with torchvision's rounding."""
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = size, int(size * long / short)
+    return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
 def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | None = None,
                         interpolation: str = INTERPOLATIONS[0]) -> Image.Image:
     """Resize so the shorter side is `size`, as torchvision's `Resize(size, interpolation)` does on a PIL image
@@ -84,20 +93,35 @@ def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | 
     computed from its width and height, as from the full-size picture's.
     """
     width, height = (box[2] - box[0], box[3] - box[1]) if box is not None else image.size
-    short, long = (width, height) if width <= height else (height, width)
-    if short == size and box is None:
+    if min(width, height) == size and box is None:
         return image
-    new_short, new_long = size, int(size * long / short)
-    new_w, new_h = (new_short, new_long) if width <= height else (new_long, new_short)
-    return image.resize((new_w, new_h), _RESAMPLE[interpolation], box=box)
+    return image.resize(shorter_side_size(width, height, size), _RESAMPLE[interpolation], box=box)
+
+
+def center_crop_origin(width: int, height: int, size: int) -> tuple[int, int]:
+    """(left, top) of the centre `size` x `size` square, with torchvision's rounding."""
+    return int(round((width - size) / 2.0)), int(round((height - size) / 2.0))
 
 
 def center_crop(image: Image.Image, size: int) -> Image.Image:
     """Take the centre `size` x `size` square, with torchvision's rounding."""
-    width, height = image.size
-    top = int(round((height - size) / 2.0))
-    left = int(round((width - size) / 2.0))
+    left, top = center_crop_origin(*image.size, size)
     return image.crop((left, top, left + size, top + size))
+
+
+def resize_and_crop(image: Image.Image, prep: Preprocessing, box: tuple[float, ...] | None = None) -> Image.Image:
+    """`center_crop(resize_shorter_side(...))`, byte for byte, resizing only what the crop keeps where Pillow's
+    arithmetic allows it (imaging.crop_window; the time saved: docs/benchmarks.md, "Resizing only the crop")."""
+    width, height = (box[2] - box[0], box[3] - box[1]) if box is not None else image.size
+    if min(width, height) == prep.resize and box is None:
+        return center_crop(image, prep.crop)
+    resized = shorter_side_size(width, height, prep.resize)
+    plan = resize_crop(image.size, box, resized, center_crop_origin(*resized, prep.crop), prep.crop)
+    out = image.resize(plan.size, _RESAMPLE[prep.interpolation], box=plan.box)
+    if plan.size == (prep.crop, prep.crop):
+        return out
+    left, top = plan.offset
+    return out.crop((left, top, left + prep.crop, top + prep.crop))
 
 
 def preprocess_pixels(data: bytes, prep: Preprocessing, options: DecodeOptions = DEFAULT_DECODE) -> np.ndarray:
@@ -108,7 +132,7 @@ def preprocess_pixels(data: bytes, prep: Preprocessing, options: DecodeOptions =
     """
     image, box = decode_for_resize(data, options, min_short_side=prep.resize)
     try:
-        image = center_crop(resize_shorter_side(image, prep.resize, box, prep.interpolation), prep.crop)
+        image = resize_and_crop(image, prep, box)
         pixels = np.asarray(image, dtype=np.uint8)
     except Exception as e:  # e.g. MemoryError: this image fails, the task goes on
         raise ImageError(f"cannot resize image: {type(e).__name__}: {e}") from e

@@ -25,6 +25,8 @@ def test_bench_decode_reports_every_case_with_its_pixel_differences(spark_cnn, t
     assert 0 < large["cases"]["reduced"]["mean_diff"] <= 1.0
     assert small["cases"]["reduced"]["dct_scales"] == [1] and small["cases"]["reduced"]["max_diff"] == 0
     assert "large" in result.stdout and "reduced" in result.stdout
+    for data in (small, large):  # resizing only the crop gave the bytes that resizing everything gives
+        assert data["cases"]["reduced_resize_whole"]["max_diff_vs_reduced"] == 0
 
 
 def test_bench_decode_rejects_unknown_sets(spark_cnn):
