@@ -75,6 +75,23 @@ def steady_state(short_cpu_s: dict[str, float], short_images: int, long_cpu_s: d
     return {"ms_per_image": ms, "per_job_s": job, "images": [short_images, long_images]}
 
 
+def steady_rate(short_images: int, short_s: float, long_images: int, long_s: float) -> dict:
+    """The rate a long job sustains, from two jobs of one session: the longer job's extra images over its extra
+    seconds, so that what every job pays once (planning it, the JVM compiling its paths, the first batch's wait,
+    the last task's tail) drops out. `job_s` is what the shorter job took beyond its images at that rate: the
+    wall time a job costs whatever its size. None where the longer job was not longer (the host's noise).
+
+    >>> steady_rate(1024, 4.0, 4096, 13.0)
+    {'images_per_s': 341.33, 'job_s': 1.0}
+    >>> steady_rate(1024, 4.0, 4096, 3.9)
+    {'images_per_s': None, 'job_s': None}
+    """
+    if long_images <= short_images or long_s <= short_s:
+        return {"images_per_s": None, "job_s": None}
+    rate = (long_images - short_images) / (long_s - short_s)
+    return {"images_per_s": round(rate, 2), "job_s": round(short_s - short_images / rate, 3)}
+
+
 def decode_ms_per_image(limit: dict) -> float | None:
     """One image's decoding on a core, from the limit: side by side where measured (every core decoding, as in
     a job), else alone."""

@@ -55,16 +55,47 @@ def target_lines(entry: dict) -> list[str]:
             ratio = statistics.median(paired) if paired else None
         else:
             paired, ratio = [], _ratio(results.get(top), results.get(bottom))
-        verdict = "n/a" if ratio is None else ("met" if ratio >= needed else "MISSED")
-        if rounds and paired:
-            short = sum(r < needed for r in paired)
-            verdict += (f", met in every round (min {min(paired):.2f})" if not short
-                        else f", missed in {short} of {len(rounds)} rounds (min {min(paired):.2f})")
-        lines.append(f"  {name:32s} {'n/a' if ratio is None else f'{ratio:.2f}':>6s}  (>= {needed}: {verdict})")
+        lines.append(_target_line(name, ratio, needed, paired, len(rounds or [])))
+        if bottom == "limit" and (steady := _steady_ratios(entry, top)):
+            lines.append(_target_line("  the same at steady state", statistics.median(steady), needed, steady,
+                                      len(rounds or [])))
     ours, theirs = memory.get("spark_cnn"), memory.get("predict_batch_udf")
     if ours and theirs:
         verdict = "met" if ours <= theirs else "MISSED"
         lines.append(f"  {'memory spark_cnn / pbu':32s} {ours / theirs:6.2f}  (<= 1.0: {verdict})")
+    return lines
+
+
+def _target_line(name: str, ratio: float | None, needed: float, paired: list[float], rounds: int) -> str:
+    verdict = "n/a" if ratio is None else ("met" if ratio >= needed else "MISSED")
+    if rounds and paired:
+        short = sum(r < needed for r in paired)
+        verdict += (f", met in every round (min {min(paired):.2f})" if not short
+                    else f", missed in {short} of {rounds} rounds (min {min(paired):.2f})")
+    return f"  {name:32s} {'n/a' if ratio is None else f'{ratio:.2f}':>6s}  (>= {needed}: {verdict})"
+
+
+def _steady_ratios(entry: dict, variant: str) -> list[float]:
+    """`variant`'s rate at steady state (bench/device_budget.steady_rate) over the limit, within each round."""
+    steady = (entry.get("steady_state_rates") or {}).get(variant) or []
+    limits = [r.get("limit") for r in entry["rounds"]] if entry.get("rounds") else [entry["results"].get("limit")]
+    return [round(rate / limit, 4) for rate, limit in zip(steady, limits, strict=False) if rate and limit]
+
+
+def steady_lines(entry: dict) -> list[str]:
+    """The spark_cnn variants' rates at steady state: what a long job sustains once each job's fixed cost is
+    taken out (two jobs of one session; bench/device_budget.steady_rate)."""
+    lines = []
+    for variant, rates in (entry.get("steady_state_rates") or {}).items():
+        steady = entry.get("details", {}).get(variant, {}).get("steady_state") or {}
+        measured = [rate for rate in rates if rate]
+        if not measured or steady.get("job_s") is None:
+            continue
+        low, high = min(measured), max(measured)
+        lines.append(f"  {variant} at steady state: {statistics.median_low(measured):.1f} img/s"
+                     + (f" (rounds {low:.1f}-{high:.1f})" if len(measured) > 1 else "")
+                     + f", from jobs of {steady['images'][0]} and {steady['images'][1]} images (the longer's "
+                     f"extra images over its extra seconds); each job costs {steady['job_s']:.2f} s besides")
     return lines
 
 
@@ -96,6 +127,7 @@ def table(entry: dict) -> str:
         lines.append(f"  spark_cnn: batch size {ours_detail['batch_size']}, mean batch "
                      f"{ours_detail.get('mean_batch_size')}, decode in {ours_detail.get('decode')}"
                      + _forward_note(ours_detail))
+    lines += steady_lines(entry)
     if entry.get("row_check"):
         lines.append(summary_line(entry["row_check"]))
     return "\n".join(lines + target_lines(entry))

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
 from spark_cnn.bench.detect_check import check_outputs, summary_line
-from spark_cnn.bench.device_budget import decode_ms_per_image, device_budget, steady_state
+from spark_cnn.bench.device_budget import decode_ms_per_image, device_budget, steady_rate, steady_state
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.spread import median_round, rotated, spread_of
@@ -170,6 +170,7 @@ def run_variant(task: VariantTask, workdir: str) -> dict:
         if short and short.get("images", 0) < result.get("images", 0):
             short_cpu = cpu_seconds_by_kind(snapshots, *short["measured_window"])
             steady = steady_state(short_cpu, short["images"], measured, result["images"])
+            steady.update(steady_rate(short["images"], short["elapsed_s"], result["images"], result["elapsed_s"]))
             # the sidecars' own decoding CPU, per image at steady state the same way (0 where tasks decode)
             steady["sidecar_decode_ms_per_image"] = round(
                 1000.0 * max(0.0, result.get("decode_cpu_s", 0.0) - short.get("decode_cpu_s", 0.0))
@@ -221,8 +222,8 @@ def run_bench(config: BenchConfig, log=print) -> list[dict]:
                     images = _images(simulated, details.get("limit", {}).get("images_per_s"), config)
                     folder = input_dir(images, config.data_dir)
                     short_images = short_job_images(model, images)
-                    short = ({"short_input": input_dir(short_images, config.data_dir), "short_images": short_images}
-                             if short_images else {})
+                    short = ({"short_input": input_dir(short_images, config.data_dir), "short_images": short_images,
+                              "short_after": not near_free(model)} if short_images else {})
                     log(f"{model}: {images} images per variant")
                 order = rotated(variants, index)
                 for variant in (v for v in order if v not in details):
@@ -274,15 +275,15 @@ def _log_result(model: str, variant: str, r: dict, log) -> None:
 
 
 def short_job_images(model: str, images: int) -> int:
-    """Images of a shorter job run before the measured one (a quarter of its images), for the models whose CPU
-    budget the bench reports (near-free, simulated device): the budget is then taken at steady state, the JVM's
-    cost per job apart (device_budget.steady_state). 0 for the others, and for runs too short to split.
+    """Images of the spark_cnn variants' shorter job (a quarter of the measured one's): with it, the rate and
+    CPU per image at steady state are told apart from the cost per job (device_budget.steady_state; a near-free
+    model's CPU budget, every model's steady rate). 0 for runs too short to split.
 
     >>> short_job_images("sim:resnet50-h200", 8192), short_job_images("resnet18", 8192)
-    (2048, 0)
+    (2048, 2048)
     """
     short = images // 4 // ROUND_IMAGES_TO * ROUND_IMAGES_TO
-    return short if near_free(model) and short >= WARMUP_IMAGES else 0
+    return short if short >= WARMUP_IMAGES else 0
 
 
 def near_free(model: str) -> bool:
@@ -309,6 +310,10 @@ def _entry(machine: str, model: str, images: int, rounds: dict | list[dict]) -> 
     if len(rounds) > 1:
         entry["rounds"] = [{v: _rounded(rates[v][index]) for v in ran} for index in range(len(rounds))]
         entry["spread"] = {v: spread_of(rates[v]) for v in ran}
+    steady = {v: [r.get(v, {}).get("steady_state", {}).get("images_per_s") for r in rounds] for v in ran}
+    if any(rate for v in steady for rate in steady[v]):
+        entry["steady_state_rates"] = {v: [_rounded(rate) for rate in steady[v]] for v in ran
+                                       if any(steady[v])}
     if near_free(model):
         entry["device_budget"] = budgets(details)
         if len(rounds) > 1:  # each round's framework CPU per image: the budget's own spread

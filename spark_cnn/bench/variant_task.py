@@ -33,11 +33,13 @@ class VariantTask:
     output: str | None = None  # keep the measured run's rows here (Parquet folder); None: a temporary folder
     batch_size: int | None = None  # spark_cnn variants: the sidecar's batch size; None: auto (tuned)
     decode: str | None = None  # spark_cnn variants without a place of their own: where to decode; None: auto
-    # spark_cnn variants: a shorter job (folder, images) run after the warm-up and before the measured one, in
-    # the same session, so that CPU per image at steady state and CPU per job can be told apart
-    # (device_budget.steady_state); None: not run
+    # spark_cnn variants: a shorter job (folder, images) in the same session, so that the cost per image at
+    # steady state and the cost per job can be told apart (device_budget.steady_state); None: not run. It runs
+    # after the warm-up and before the measured job, or after the measured job with `short_after` (a real model:
+    # the measured job then runs as the other variants' do, after the warm-up alone)
     short_input: str | None = None
     short_images: int = 0
+    short_after: bool = False
 
 
 class MeasuredWindow:

@@ -274,16 +274,19 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
                                     quiet=True)
             return (detect if task.task == "detect" else classify)(config, spark=spark)
 
-        # starts the sidecar and loads the model: start-up, not measured
-        job(task.warmup_input, os.path.join(workdir, "warmup"))
-        short = None
-        if task.short_input:
+        def short_job() -> dict:
             with MeasuredWindow() as short_window:
                 short_summary = job(task.short_input, os.path.join(workdir, "short"))
-            short = {"images": short_summary["images"], "elapsed_s": short_summary["elapsed_s"],
-                     "decode_cpu_s": _decode_cpu_s(short_summary), **short_window.result()}
+            return {"images": short_summary["images"], "elapsed_s": short_summary["elapsed_s"],
+                    "decode_cpu_s": _decode_cpu_s(short_summary), **short_window.result()}
+
+        # starts the sidecar and loads the model: start-up, not measured
+        job(task.warmup_input, os.path.join(workdir, "warmup"))
+        short = short_job() if task.short_input and not task.short_after else None
         with MeasuredWindow() as window:
             summary = job(task.input, task.output or os.path.join(workdir, "out"))
+        if task.short_input and task.short_after:
+            short = short_job()
         sidecars = summary["sidecars"]
         return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
                 **({"short_run": short} if short else {}), "decode_cpu_s": _decode_cpu_s(summary),

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from spark_cnn.bench import report, suite
-from spark_cnn.bench.device_budget import TARGET_FRAMEWORK_MS_PER_IMAGE, cores_for, device_budget, steady_state
+from spark_cnn.bench.device_budget import (
+    TARGET_FRAMEWORK_MS_PER_IMAGE,
+    cores_for,
+    device_budget,
+    steady_rate,
+    steady_state,
+)
 
 TASK_CPU = {"jvm": 0.25, "python_worker": 1.9, "sidecar": 0.05, "driver": 0.01, "total": 2.21}
 SIDECAR_CPU = {"jvm": 0.3, "python_worker": 0.2, "sidecar": 1.85, "driver": 0.01, "total": 2.36}
@@ -94,8 +100,8 @@ def test_the_budget_takes_steady_state_and_the_sidecars_own_decoding_cpu_where_i
     assert "(with the limit's decoding instead: 0.74 ms of framework)" in text
 
 
-def test_only_budgeted_models_run_a_shorter_job_first():
-    assert suite.short_job_images("resnet18", 8192) == 0  # a real model: no budget to split
+def test_every_model_runs_a_shorter_job_of_a_quarter_of_its_images():
+    assert suite.short_job_images("resnet18", 8192) == 2048  # a real model: its steady rate
     assert suite.short_job_images("sim:resnet50-h200", 8192) == 2048
     assert suite.short_job_images(suite.IDENTITY_MODEL, 4000) == 960  # a quarter, in whole folders of 64
     assert suite.short_job_images("sim:resnet50-h200", 192) == 0  # the quick bench: too short to split
@@ -126,3 +132,29 @@ def test_with_rounds_the_budget_shows_each_rounds_framework_cost_against_the_tar
     assert entry["device_budget"]["spark_cnn_sidecar_decode"]["framework_cores_per_1k_img_s"] == pytest.approx(0.3)
     text = report.table(entry)
     assert "spark_cnn_sidecar_decode: framework ms per image by round 0.20 0.40 0.30 (<= 0.3 in 2 of 3)" in text
+
+
+def test_two_jobs_give_the_rate_a_long_job_sustains_and_what_each_job_costs_besides():
+    steady = steady_rate(1024, 4.5, 4096, 14.1)  # 3072 more images in 9.6 more seconds
+    assert steady["images_per_s"] == pytest.approx(320.0)
+    assert steady["job_s"] == pytest.approx(4.5 - 1024 / 320.0)
+    assert steady_rate(1024, 4.5, 4096, 4.4) == {"images_per_s": None, "job_s": None}  # noise, not a rate
+
+
+def test_the_limit_target_is_also_read_at_steady_state_within_each_round():
+    def spark_cnn(rate, steady):
+        return {"images_per_s": rate, "images": 4096, "cpu_ms_per_image": {"total": 7.0},
+                "steady_state": {"images_per_s": steady, "job_s": 1.2, "images": [1024, 4096],
+                                 "ms_per_image": {}, "per_job_s": {}}}
+
+    rounds = [{"limit": {"images_per_s": 400.0}, "spark_cnn": spark_cnn(300.0, 368.0)},
+              {"limit": {"images_per_s": 350.0}, "spark_cnn": spark_cnn(290.0, 320.0)},
+              {"limit": {"images_per_s": 380.0}, "spark_cnn": spark_cnn(310.0, 350.0)}]
+    entry = suite._entry("2 CPU cores", "mobilenet_v3_small", 4096, rounds)
+    assert entry["steady_state_rates"] == {"spark_cnn": [368.0, 320.0, 350.0]}
+    text = report.table(entry)
+    # per round 0.75, 0.83, 0.82 measured; 0.92, 0.91, 0.92 at steady state: medians 0.82 and 0.92
+    assert "spark_cnn / limit                  0.82  (>= 0.9: MISSED, missed in 3 of 3 rounds (min 0.75))" in text
+    assert "\n    the same at steady state         0.92  (>= 0.9: met, met in every round (min 0.91))" in text
+    assert ("spark_cnn at steady state: 350.0 img/s (rounds 320.0-368.0), from jobs of 1024 and 4096 images"
+            in text)
