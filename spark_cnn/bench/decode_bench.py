@@ -1,10 +1,10 @@
 """Reading-side throughput: decode + preprocess images/s on one core, per decoder configuration.
 
 Every case runs the same function the Spark tasks run (`preprocess_pixels`: decode, resize, centre crop) in
-this one process and thread, over the same files, for a fixed time; cases alternate in rounds so drift on a
-shared machine spreads over all of them. The rate per core is images per CPU second of this process (decoding
-here is single-threaded), which other processes on a shared machine disturb far less than wall time; the
-wall-clock rate is reported beside it. Each case's pixels are also compared with the full decode's (Pillow,
+this one process and thread, over the same files, for a fixed time; the cases take turns image by image (since
+2026-12-07; before, one second each), so drift on a shared machine spreads over all of them. The rate per core is
+images per CPU second of this thread, which other processes on a shared machine disturb far less than wall
+time; the wall-clock rate is reported beside it. Each case's pixels are also compared with the full decode's (Pillow,
 no DCT scaling): the tolerance the reduced decoders stay within.
 
 One more case, `reduced_resize_whole`, decodes as `reduced` does but resizes the whole picture before cropping
@@ -53,7 +53,7 @@ def _resize_whole(data: bytes, prep: Preprocessing, options: DecodeOptions) -> n
 @dataclass(frozen=True)
 class DecodeBenchConfig:
     images: int = 12          # files per image set (the large set has 6 distinct photos, then repeats)
-    seconds: float = 2.0      # measured seconds per case and round
+    seconds: float = 2.0      # measured seconds per case and round (the cases take turns image by image)
     rounds: int = 2           # each round runs every case once
     resize: int = 256
     crop: int = 224
@@ -80,17 +80,24 @@ def machine_info() -> str:
     return f"{model}; {os.cpu_count()} CPU cores; 1 core used"
 
 
-def _rate(files: list[bytes], prep: Preprocessing, options: DecodeOptions, seconds: float,
-          preprocess: Callable = preprocess_pixels) -> tuple[int, float, float]:
-    """Images done, wall seconds and CPU seconds: whole passes over `files` until `seconds` of wall time."""
-    done, started, cpu_started = 0, time.perf_counter(), time.process_time()
-    while True:
+def _round(files: list[bytes], prep: Preprocessing, cases: dict[str, tuple[Callable, DecodeOptions]],
+           seconds: float, counts: dict[str, np.ndarray]) -> None:
+    """One round: every case on each file in turn (the order rotated from file to file), until each case has had
+    about `seconds` of wall time, adding images, wall and CPU seconds to `counts`. Taking the cases image by image
+    pairs them within milliseconds, so a host whose speed changes from one second to the next (a shared guest)
+    slows them all alike."""
+    names = list(cases)
+    deadline = time.perf_counter() + seconds * len(names)
+    turn = 0
+    while time.perf_counter() < deadline:
         for data in files:
-            preprocess(data, prep, options)
-        done += len(files)
-        elapsed = time.perf_counter() - started
-        if elapsed >= seconds:
-            return done, elapsed, time.process_time() - cpu_started
+            shift = turn % len(names)
+            turn += 1
+            for name in names[shift:] + names[:shift]:
+                preprocess, options = cases[name]
+                started, cpu_started = time.perf_counter(), time.thread_time()
+                preprocess(data, prep, options)
+                counts[name] += (1, time.perf_counter() - started, time.thread_time() - cpu_started)
 
 
 def _differences(files: list[bytes], prep: Preprocessing, options: DecodeOptions,
@@ -113,8 +120,8 @@ def run_decode_bench(config: DecodeBenchConfig) -> dict:
         reference = [preprocess_pixels(data, prep, CASES["full"]).astype(np.int16) for data in files]
         counts = {name: np.zeros(3) for name in cases}  # images, wall s, CPU s
         for _ in range(config.rounds):
-            for name, options in cases.items():
-                counts[name] += _rate(files, prep, options, config.seconds, preprocess[name])
+            _round(files, prep, {name: (preprocess[name], options) for name, options in cases.items()},
+                   config.seconds, counts)
         full_rate = counts["full"][0] / counts["full"][2]
         set_result = {"image_sizes": [f"{w}x{h}" for w, h in sizes], "files": len(files),
                       "mean_file_bytes": int(np.mean([len(d) for d in files])), "cases": {}}
