@@ -95,8 +95,19 @@ def steady_lines(entry: dict) -> list[str]:
         lines.append(f"  {variant} at steady state: {statistics.median_low(measured):.1f} img/s"
                      + (f" (rounds {low:.1f}-{high:.1f})" if len(measured) > 1 else "")
                      + f", from jobs of {steady['images'][0]} and {steady['images'][1]} images (the longer's "
-                     f"extra images over its extra seconds); each job costs {steady['job_s']:.2f} s besides")
+                     f"extra images over its extra seconds); each job costs {steady['job_s']:.2f} s besides"
+                     + _steady_cpu_note(steady))
     return lines
+
+
+def _steady_cpu_note(steady: dict) -> str:
+    """'; CPU ms an image: jvm J, python_worker W, ...' at steady state (the median round's), where measured."""
+    ms = {kind: value for kind, value in (steady.get("ms_per_image") or {}).items() if value}
+    if not ms:
+        return ""
+    total = ms.pop("total", None)
+    return ("; CPU ms an image: " + ", ".join(f"{kind} {value:.2f}" for kind, value in sorted(ms.items()))
+            + (f", total {total:.2f}" if total else ""))
 
 
 def table(entry: dict) -> str:

@@ -145,7 +145,9 @@ def test_the_limit_target_is_also_read_at_steady_state_within_each_round():
     def spark_cnn(rate, steady):
         return {"images_per_s": rate, "images": 4096, "cpu_ms_per_image": {"total": 7.0},
                 "steady_state": {"images_per_s": steady, "job_s": 1.2, "images": [1024, 4096],
-                                 "ms_per_image": {}, "per_job_s": {}}}
+                                 "ms_per_image": {"jvm": 0.45, "python_worker": 2.7, "sidecar": 3.9, "other": 0.0,
+                                                  "total": 7.05},
+                                 "per_job_s": {}}}
 
     rounds = [{"limit": {"images_per_s": 400.0}, "spark_cnn": spark_cnn(300.0, 368.0)},
               {"limit": {"images_per_s": 350.0}, "spark_cnn": spark_cnn(290.0, 320.0)},
@@ -158,3 +160,5 @@ def test_the_limit_target_is_also_read_at_steady_state_within_each_round():
     assert "\n    the same at steady state         0.92  (>= 0.9: met, met in every round (min 0.91))" in text
     assert ("spark_cnn at steady state: 350.0 img/s (rounds 320.0-368.0), from jobs of 1024 and 4096 images"
             in text)
+    assert "each job costs 1.20 s besides; CPU ms an image: jvm 0.45, python_worker 2.70, sidecar 3.90, total 7.05" \
+        in text
