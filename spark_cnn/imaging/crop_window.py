@@ -4,9 +4,10 @@ Pillow computes each output pixel of a resize from its own filter window, and `I
 resizes just a box of the source. Resizing the crop's box to the crop's size therefore skips the pixels that
 the crop would throw away: 23% of the resize for a square 320 px picture going to 256 then 224, about half for a
 3:2 photo. It gives the same bytes only where Pillow's arithmetic gives every kept pixel the same filter window
-in both ways. Pillow (`libImaging/Resample.c`; 10 to 13) takes the box as float32, the scale as
-`(in1 - in0) / out`, each output pixel's centre as `in0 + (x + 0.5) * scale` in doubles, and runs the
-vertical pass first when the height shrinks more than twice as much as the width.
+in both ways. Pillow 13 (`libImaging/Resample.c`) takes the box as float32, the scale as `(in1 - in0) / out`,
+each output pixel's centre as `in0 + (x + 0.5) * scale` in doubles, and runs the vertical pass first when the
+height shrinks more than twice as much as the width. Older Pillows always run the horizontal pass first, and
+the checks below hold for them too: both ways then take the same order.
 
 So an axis is windowed only where all of that is exact arithmetic in float32 and in doubles, and where the
 pass order stays the same. Then no rounding can differ. Otherwise the axis is resized whole and cropped after,
