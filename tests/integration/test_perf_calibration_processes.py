@@ -90,7 +90,9 @@ def test_calibrate_is_cached_and_refreshable(calibrated_cpu, tmp_path):
     assert large and all(p["groups"] > 1 or p["out_hw"] <= LARGE_CONV_MAX_OUT_HW for p in large)
     rows = {g["rows"] for g in first.gemm}
     assert set(GEMM_ROWS) <= rows <= set(GEMM_ROWS) | set(TOKEN_ROWS) and {2, 4} <= set(GEMM_ROWS)
-    assert first.calibration_s < 10
+    # a 1 s budget still times each section's first point: 10.8 s of wall time once on the 2-core Xeon guest
+    # beside two other test workers; a calibration that ignored its budget takes the default one's 34-45 s
+    assert first.calibration_s < 20
     # pytest runs with glibc's malloc defaults: the benchmarks ran in a child with the sidecar's settings
     assert allocator_of() == GLIBC and "allocator: retained" in first.notes
     assert first.fault_us_per_page > 0  # fresh pages are probed with explicit mappings, not through malloc
