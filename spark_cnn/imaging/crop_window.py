@@ -2,8 +2,9 @@
 
 Pillow computes each output pixel of a resize from its own filter window, and `Image.resize(size, box=...)`
 resizes just a box of the source. Resizing the crop's box to the crop's size therefore skips the pixels that
-the crop would throw away: 23% of the resize for a square 320 px picture going to 256 then 224, about half for a
-3:2 photo. It gives the same bytes only where Pillow's arithmetic gives every kept pixel the same filter window
+the crop would throw away: a square picture going to 256 then 224 computes 224 x 224 pixels instead of 256 x 256;
+a photo, whose longer side is usually resized whole (below), saves the rows its crop drops. It gives the same
+bytes only where Pillow's arithmetic gives every kept pixel the same filter window
 in both ways. Pillow 13 (`libImaging/Resample.c`) takes the box as float32, the scale as `(in1 - in0) / out`,
 each output pixel's centre as `in0 + (x + 0.5) * scale` in doubles, and runs the vertical pass first when the
 height shrinks more than twice as much as the width. Older Pillows always run the horizontal pass first, and

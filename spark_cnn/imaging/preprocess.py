@@ -92,10 +92,15 @@ def resize_shorter_side(image: Image.Image, size: int, box: tuple[float, ...] | 
     box: the part of `image` that holds the picture (imaging.decode.decode_for_resize); the new size is
     computed from its width and height, as from the full-size picture's.
     """
-    width, height = (box[2] - box[0], box[3] - box[1]) if box is not None else image.size
+    width, height = _picture_size(image, box)
     if min(width, height) == size and box is None:
         return image
     return image.resize(shorter_side_size(width, height, size), _RESAMPLE[interpolation], box=box)
+
+
+def _picture_size(image: Image.Image, box: tuple[float, ...] | None) -> tuple[float, float]:
+    """The picture's width and height: its box's (a reduced-DCT decode) or the whole image's."""
+    return (box[2] - box[0], box[3] - box[1]) if box is not None else image.size
 
 
 def center_crop_origin(width: int, height: int, size: int) -> tuple[int, int]:
@@ -112,7 +117,7 @@ def center_crop(image: Image.Image, size: int) -> Image.Image:
 def resize_and_crop(image: Image.Image, prep: Preprocessing, box: tuple[float, ...] | None = None) -> Image.Image:
     """`center_crop(resize_shorter_side(...))`, byte for byte, resizing only what the crop keeps where Pillow's
     arithmetic allows it (imaging.crop_window; the time saved: docs/benchmarks.md, "Resizing only the crop")."""
-    width, height = (box[2] - box[0], box[3] - box[1]) if box is not None else image.size
+    width, height = _picture_size(image, box)
     if min(width, height) == prep.resize and box is None:
         return center_crop(image, prep.crop)
     resized = shorter_side_size(width, height, prep.resize)
