@@ -92,6 +92,30 @@ def steady_rate(short_images: int, short_s: float, long_images: int, long_s: flo
     return {"images_per_s": round(rate, 2), "job_s": round(short_s - short_images / rate, 3)}
 
 
+# The CPU a spark_cnn run spends on its useful work, as its sidecars count it (bench/variants.py _work_cpu_s).
+WORK_CPU_KEYS = ("task_decode_cpu_s", "decode_cpu_s", "compute_cpu_s")
+
+
+def useful_share(detail: dict, cores: int) -> float | None:
+    """The share of the cores' time a run spent on useful work: its rate times its own decoding and model CPU per
+    image (measured inside the run, where each ran: WORK_CPU_KEYS) over the cores. 1.0 is the limit's premise,
+    every core decoding or computing and nothing else; the rest went to the framework (JVM, serving, copies)
+    and to idle cores. Both sides come from the same seconds, so a host that runs everything slower for a
+    while moves the rate and the work per image together and the share far less than the ratio to a limit
+    measured minutes apart. None where the run has no rate or did not count its decoding (tasks that did not
+    say: an older sidecar).
+
+    >>> useful_share({"images": 4096, "images_per_s": 300.0, "task_decode_cpu_s": 7.0, "decode_cpu_s": 0.0,
+    ...               "compute_cpu_s": 12.0}, 2)
+    0.6958
+    """
+    images, rate = detail.get("images") or 0, detail.get("images_per_s")
+    work = [detail.get(key) or 0.0 for key in WORK_CPU_KEYS]
+    if not images or not rate or not (work[0] or work[1]):
+        return None
+    return round(rate * sum(work) / images / cores, 4)
+
+
 def decode_ms_per_image(limit: dict) -> float | None:
     """One image's decoding on a core, from the limit: side by side where measured (every core decoding, as in
     a job), else alone."""

@@ -9,7 +9,7 @@ from spark_cnn.bench.cputime import KINDS
 from spark_cnn.bench.detect_check import summary_line
 from spark_cnn.bench.device_budget import decode_ms_per_image
 from spark_cnn.bench.spread import paired_ratios
-from spark_cnn.bench.variants import IDENTITY_MODEL, SIDECAR_DECODE_VARIANT, VARIANTS
+from spark_cnn.bench.variants import IDENTITY_MODEL, SIDECAR_DECODE_VARIANT, SPARK_CNN_VARIANTS, VARIANTS
 from spark_cnn.errors import missing_extra
 from spark_cnn.models.device_curve import SIM_PREFIX
 
@@ -59,6 +59,8 @@ def target_lines(entry: dict) -> list[str]:
         if bottom == "limit" and (steady := _steady_ratios(entry, top)):
             lines.append(_target_line("  the same at steady state", statistics.median(steady), needed, steady,
                                       len(rounds or [])))
+        if bottom == "limit" and (share := _useful_share_line(entry, top)):
+            lines.append(share)
     ours, theirs = memory.get("spark_cnn"), memory.get("predict_batch_udf")
     if ours and theirs:
         verdict = "met" if ours <= theirs else "MISSED"
@@ -73,6 +75,18 @@ def _target_line(name: str, ratio: float | None, needed: float, paired: list[flo
         verdict += (f", met in every round (min {min(paired):.2f})" if not short
                     else f", missed in {short} of {rounds} rounds (min {min(paired):.2f})")
     return f"  {name:32s} {'n/a' if ratio is None else f'{ratio:.2f}':>6s}  (>= {needed}: {verdict})"
+
+
+def _useful_share_line(entry: dict, variant: str) -> str | None:
+    """`variant`'s useful share of the cores' time (bench/device_budget.useful_share): the limit's ratio with the
+    decode and model costs measured inside the run itself, round by round, so that the host's drift between
+    the run and the limit's measurement cancels. A yardstick for changes, not the target's verdict."""
+    shares = [share for share in (entry.get("useful_share") or {}).get(variant) or [] if share]
+    if not shares:
+        return None
+    spread = f" (rounds {min(shares):.2f}-{max(shares):.2f})" if len(shares) > 1 else ""
+    return (f"  {'  useful share of the cores':32s} {statistics.median(shares):6.2f}{spread}: its decoding and "
+            "model CPU, measured in the run, times its rate, over the cores")
 
 
 def _steady_ratios(entry: dict, variant: str) -> list[float]:
@@ -214,7 +228,7 @@ def beyond_decoding_lines(entry: dict) -> list[str]:
         return []
     return [f"  {variant}: {cpu[variant]['total'] - decode_ms:.2f} CPU ms per image beyond decoding "
             f"({cpu[variant]['total']:.2f} - {decode_ms:.2f})"
-            for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT) if (cpu.get(variant) or {}).get("total")]
+            for variant in SPARK_CNN_VARIANTS if (cpu.get(variant) or {}).get("total")]
 
 
 def budget_lines(entry: dict) -> list[str]:

@@ -34,7 +34,13 @@ from dataclasses import asdict, dataclass, replace
 from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_image_ms, snapshot_from_json
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
 from spark_cnn.bench.detect_check import check_outputs, summary_line
-from spark_cnn.bench.device_budget import decode_ms_per_image, device_budget, steady_rate, steady_state
+from spark_cnn.bench.device_budget import (
+    decode_ms_per_image,
+    device_budget,
+    steady_rate,
+    steady_state,
+    useful_share,
+)
 from spark_cnn.bench.memory import TreeMemorySampler, become_subreaper, reap_leftovers
 from spark_cnn.bench.peers import missing_peer
 from spark_cnn.bench.spread import median_round, rotated, spread_of
@@ -50,6 +56,7 @@ from spark_cnn.bench.variants import (
     DETECT_VARIANTS,
     IDENTITY_MODEL,
     SIDECAR_DECODE_VARIANT,
+    SPARK_CNN_VARIANTS,
     VARIANTS,
 )
 from spark_cnn.models.spec import model_kind
@@ -310,6 +317,10 @@ def _entry(machine: str, model: str, images: int, rounds: dict | list[dict]) -> 
     if len(rounds) > 1:
         entry["rounds"] = [{v: _rounded(rates[v][index]) for v in ran} for index in range(len(rounds))]
         entry["spread"] = {v: spread_of(rates[v]) for v in ran}
+    cores = next((d["limit"]["cores"] for d in rounds if d.get("limit", {}).get("cores")), os.cpu_count() or 1)
+    shares = {v: [useful_share(r.get(v, {}), cores) for r in rounds] for v in ran if v in SPARK_CNN_VARIANTS}
+    if any(share for v in shares for share in shares[v]):
+        entry["useful_share"] = {v: values for v, values in shares.items() if any(values)}
     steady = {v: [r.get(v, {}).get("steady_state", {}).get("images_per_s") for r in rounds] for v in ran}
     if any(rate for v in steady for rate in steady[v]):
         entry["steady_state_rates"] = {v: [_rounded(rate) for rate in steady[v]] for v in ran
@@ -329,7 +340,7 @@ def budgets(details: dict) -> dict:
     where it decoded and measured it, else the limit's decode on one core."""
     limit_decode_ms = decode_ms_per_image(details.get("limit", {}))
     out = {}
-    for variant in ("spark_cnn", SIDECAR_DECODE_VARIANT):
+    for variant in SPARK_CNN_VARIANTS:
         detail = details.get(variant, {})
         places = set(detail.get("decode") or [])
         if not detail.get("cpu_ms_per_image") or len(places) != 1:

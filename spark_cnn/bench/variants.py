@@ -65,7 +65,9 @@ MASTER = "local[2]"
 PEER_VARIANTS = ("ray_data", "daft")  # bench/peers.py: Ray Data and Daft, the `peers` extra
 # spark_cnn with the sidecar decoding (`--decode sidecar`): the GPU host's path, measured on any host.
 SIDECAR_DECODE_VARIANT = "spark_cnn_sidecar_decode"
-VARIANTS = ("bare", "row", "predict_batch_udf", "spark_cnn", SIDECAR_DECODE_VARIANT, *PEER_VARIANTS, "limit")
+# This project's variants: a sidecar per executor, tasks or the sidecar decoding.
+SPARK_CNN_VARIANTS = ("spark_cnn", SIDECAR_DECODE_VARIANT)
+VARIANTS = ("bare", "row", "predict_batch_udf", *SPARK_CNN_VARIANTS, *PEER_VARIANTS, "limit")
 # What `spark-cnn bench` runs unless told: the sidecar-decode variant is asked for by name (`make bench-identity`),
 # since on a CPU it repeats spark_cnn's work in another process and would add minutes per model.
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != SIDECAR_DECODE_VARIANT)
@@ -278,7 +280,7 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
             with MeasuredWindow() as short_window:
                 short_summary = job(task.short_input, os.path.join(workdir, "short"))
             return {"images": short_summary["images"], "elapsed_s": short_summary["elapsed_s"],
-                    "decode_cpu_s": _decode_cpu_s(short_summary), **short_window.result()}
+                    **_work_cpu_s(short_summary), **short_window.result()}
 
         # starts the sidecar and loads the model: start-up, not measured
         job(task.warmup_input, os.path.join(workdir, "warmup"))
@@ -289,8 +291,7 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
             short = short_job()
         sidecars = summary["sidecars"]
         return {"images": summary["images"], "elapsed_s": summary["elapsed_s"], **window.result(),
-                **({"short_run": short} if short else {}), "decode_cpu_s": _decode_cpu_s(summary),
-                "compute_cpu_s": round(sum(s.get("compute_cpu_s") or 0.0 for s in sidecars), 3),
+                **({"short_run": short} if short else {}), **_work_cpu_s(summary),
                 "errors": summary["errors"],
                 "batch_size": summary["batch_size"],
                 "mean_batch_size": [s.get("mean_batch_size") for s in sidecars],
@@ -301,9 +302,12 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _decode_cpu_s(summary: dict) -> float:
-    """CPU seconds the job's sidecars spent decoding (their decoding threads' own time; 0 where tasks decode)."""
-    return round(sum(s.get("decode_cpu_s") or 0.0 for s in summary["sidecars"]), 3)
+def _work_cpu_s(summary: dict) -> dict:
+    """CPU seconds of the job's useful work, as its sidecars counted it: decoding in the sidecars (their decoding
+    threads' own time; 0 where tasks decode), decoding in the tasks (the time the tasks' threads took to read
+    and decode each request's images, as they said), and computing (the sidecars' forward threads)."""
+    return {key: round(sum(s.get(key) or 0.0 for s in summary["sidecars"]), 3)
+            for key in ("decode_cpu_s", "task_decode_cpu_s", "compute_cpu_s")}
 
 
 # --- limit -------------------------------------------------------------------------------------------------

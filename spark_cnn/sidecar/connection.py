@@ -185,7 +185,7 @@ class Connection:
         prep = service.runner.endpoint.preprocessing
         row_errors = None
         try:
-            images = protocol.decode_request(frame.payload)
+            images, task_cpu_s = protocol.decode_priced_request(frame.payload)
             if not len(images):
                 raise SidecarError("an INFER request with no images")
             sized = isinstance(images, protocol.SizedImages)
@@ -213,7 +213,7 @@ class Connection:
             self.server.stats.error(job)
             self.send_json(Kind.ERROR, frame.request_id, protocol.error_reply(f"bad request: {e}", ErrorKind.REQUEST))
             return
-        self.server.stats.request(job, len(row_errors) if row_errors is not None else len(pixels))
+        self.server.stats.request(job, len(row_errors) if row_errors is not None else len(pixels), task_cpu_s)
         service.submit(InferRequest(self, frame.request_id, job, pixels, row_errors))
 
 

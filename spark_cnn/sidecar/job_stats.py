@@ -24,7 +24,7 @@ class JobStats:
     def _zero() -> dict:
         return {"batch_size": None, "precision": None, "decode": None, "requests": 0, "images": 0, "batches": 0,
                 "batch_rows": 0, "errors": 0, "oom_backoffs": 0, "device_s": 0.0, "queue_wait_s": 0.0, "waits": 0,
-                "decode_cpu_s": 0.0, "compute_cpu_s": 0.0, "histogram": Counter()}
+                "decode_cpu_s": 0.0, "task_decode_cpu_s": 0.0, "compute_cpu_s": 0.0, "histogram": Counter()}
 
     def start(self, job: str, batch_rows: int, precision: str, decode: str | None = None) -> None:
         with self._lock:
@@ -32,10 +32,13 @@ class JobStats:
             self._jobs[job]["precision"] = precision
             self._jobs[job]["decode"] = decode or self._jobs[job]["decode"]
 
-    def request(self, job: str, rows: int) -> None:
+    def request(self, job: str, rows: int, task_cpu_s: float = 0.0) -> None:
+        """One request of `rows` images, which took its task `task_cpu_s` CPU seconds to make (reading and
+        decoding them; 0 from a client that does not say): the job's decoding done in tasks."""
         with self._lock:
             self._jobs[job]["requests"] += 1
             self._jobs[job]["images"] += rows
+            self._jobs[job]["task_decode_cpu_s"] += task_cpu_s
 
     def decoded(self, job: str, cpu_s: float) -> None:
         """CPU time the sidecar's own decoding of one request took (the decoding thread's, the GIL released or
@@ -89,5 +92,6 @@ class JobStats:
         c["mean_queue_wait_ms"] = round(1000 * wait_s / waits, 3) if waits else 0.0
         c["device_s"] = round(c["device_s"], 3)
         c["decode_cpu_s"] = round(c["decode_cpu_s"], 3)
+        c["task_decode_cpu_s"] = round(c["task_decode_cpu_s"], 3)
         c["compute_cpu_s"] = round(c["compute_cpu_s"], 3)
         return c

@@ -100,16 +100,11 @@ class SidecarClient(Closing):
         # Requests this connection may have unanswered: map_ordered keeps within it (protocol.py says why).
         self.max_in_flight = int(self.ready.get("max_in_flight", protocol.MAX_REQUESTS_IN_FLIGHT))
 
-    def submit(self, images: np.ndarray | list[bytes]) -> int:
-        """Send one INFER request: (N, H, W, 3) uint8 pixels, or N image files; returns its request id."""
+    def submit(self, images: protocol.PricedImages | np.ndarray | list[bytes] | protocol.SizedImages) -> int:
+        """Send one INFER request: (N, H, W, 3) uint8 pixels, N image files or SizedImages, priced with the task's
+        CPU for them or not; returns its request id."""
         request_id = next(self._ids)
-        if isinstance(images, protocol.SizedImages):
-            payload = protocol.encode_sized(images)
-        elif isinstance(images, np.ndarray):
-            payload = protocol.encode_pixels(images)
-        else:
-            payload = protocol.encode_images(images)
-        self._send(Kind.INFER, request_id, payload)
+        self._send(Kind.INFER, request_id, protocol.encode_request(images))
         return request_id
 
     def receive(self) -> tuple[int, pa.RecordBatch | RequestFailed]:

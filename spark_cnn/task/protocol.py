@@ -14,6 +14,7 @@ import socket
 import struct
 from dataclasses import asdict, dataclass, fields
 from enum import Enum, IntEnum
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -190,6 +191,33 @@ def _recv_exact(sock: socket.socket, size: int) -> memoryview:
 
 # --- Arrow payloads -------------------------------------------------------------------------------------------
 
+# INFER schema metadata: the CPU seconds the task's thread spent making the request's images (reading and
+# decoding them), which the sidecar adds up per job (job_stats.task_decoded): decoding's share of a task's CPU.
+TASK_CPU_KEY = b"task_cpu_s"
+
+
+class PricedImages(NamedTuple):
+    """One request's images and the CPU seconds the task spent making them (TASK_CPU_KEY)."""
+
+    images: np.ndarray | list[bytes] | SizedImages
+    task_cpu_s: float = 0.0
+
+
+def encode_request(request: PricedImages | np.ndarray | list[bytes] | SizedImages) -> pa.Buffer:
+    """An INFER payload: pixels, files or SizedImages (as the type says), with the task's CPU when priced."""
+    images, cpu_s = request if isinstance(request, PricedImages) else (request, 0.0)
+    if isinstance(images, SizedImages):
+        batch = sized_batch(images)
+    elif isinstance(images, np.ndarray):
+        batch = pixels_batch(images)
+    else:
+        batch = pa.RecordBatch.from_arrays([pa.array(images, pa.binary())], names=[ENCODED_COLUMN])
+    if cpu_s:
+        batch = batch.replace_schema_metadata({**(batch.schema.metadata or {}),
+                                               TASK_CPU_KEY: f"{cpu_s:.6f}".encode()})
+    return _to_ipc(batch)
+
+
 def _to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
@@ -210,27 +238,41 @@ def _from_ipc(payload) -> pa.RecordBatch:
 
 def encode_pixels(pixels: np.ndarray) -> pa.Buffer:
     """(N, H, W, 3) uint8 -> Arrow IPC payload, zero-copy from the array."""
+    return _to_ipc(pixels_batch(pixels))
+
+
+def pixels_batch(pixels: np.ndarray) -> pa.RecordBatch:
+    """(N, H, W, 3) uint8 -> the INFER record batch, zero-copy from the array."""
     pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
     n, row_bytes = pixels.shape[0], int(np.prod(pixels.shape[1:]))
     column = pa.FixedSizeBinaryArray.from_buffers(pa.binary(row_bytes), n, [None, pa.py_buffer(pixels)])
     meta = {b"shape": json.dumps(list(pixels.shape[1:])).encode()}
     schema = pa.schema([pa.field(PIXELS_COLUMN, column.type)], metadata=meta)
-    return _to_ipc(pa.RecordBatch.from_arrays([column], schema=schema))
+    return pa.RecordBatch.from_arrays([column], schema=schema)
 
 
 def encode_images(images: list[bytes]) -> pa.Buffer:
     """Encoded image files -> Arrow IPC payload, for the sidecar to decode."""
-    return _to_ipc(pa.RecordBatch.from_arrays([pa.array(images, pa.binary())], names=[ENCODED_COLUMN]))
+    return encode_request(list(images))
 
 
 def decode_request(payload) -> np.ndarray | list[bytes] | SizedImages:
     """An INFER payload: (N, H, W, 3) uint8 pixels, a list of encoded image files, or SizedImages."""
+    return decode_priced_request(payload).images
+
+
+def decode_priced_request(payload) -> PricedImages:
+    """An INFER payload's images (as decode_request) and the task's CPU seconds for them (0 when not given)."""
     batch = _from_ipc(payload)
+    try:
+        cpu_s = max(0.0, float((batch.schema.metadata or {}).get(TASK_CPU_KEY, b"0")))
+    except ValueError as e:
+        raise SidecarError(f"INFER metadata {TASK_CPU_KEY.decode()} is not a number") from e
     if batch.schema.names == [ENCODED_COLUMN] and pa.types.is_binary(batch.schema.types[0]):
-        return batch.column(0).to_pylist()
+        return PricedImages(batch.column(0).to_pylist(), cpu_s)
     if batch.schema.names and batch.schema.names[0] == SIZED_IMAGE_COLUMN:
-        return _sized_from(batch)
-    return _pixels_from(batch)
+        return PricedImages(_sized_from(batch), cpu_s)
+    return PricedImages(_pixels_from(batch), cpu_s)
 
 
 class SizedImages:
@@ -263,6 +305,11 @@ class SizedImages:
 
 def encode_sized(images: SizedImages) -> pa.Buffer:
     """SizedImages -> Arrow IPC payload: the pixels of each row as one binary value, and SIZED_COLUMNS."""
+    return _to_ipc(sized_batch(images))
+
+
+def sized_batch(images: SizedImages) -> pa.RecordBatch:
+    """SizedImages -> the INFER record batch (encode_sized)."""
     arrays = [np.ascontiguousarray(image, dtype=np.uint8) for image in images.images]
     if any(a.ndim != 3 or a.shape[2] != 3 for a in arrays):
         raise SidecarError("sized images must be (height, width, 3) uint8 arrays")
@@ -273,8 +320,8 @@ def encode_sized(images: SizedImages) -> pa.Buffer:
                                               [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     geometry = [[a.shape[0] for a in arrays], [a.shape[1] for a in arrays],
                 [s[0] for s in images.sources], [s[1] for s in images.sources]]
-    return _to_ipc(pa.RecordBatch.from_arrays([column, *(pa.array(v, pa.int32()) for v in geometry)],
-                                              names=[SIZED_IMAGE_COLUMN, *SIZED_COLUMNS]))
+    return pa.RecordBatch.from_arrays([column, *(pa.array(v, pa.int32()) for v in geometry)],
+                                      names=[SIZED_IMAGE_COLUMN, *SIZED_COLUMNS])
 
 
 def _sized_from(batch: pa.RecordBatch) -> SizedImages:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -49,7 +50,7 @@ from spark_cnn.task.failover import FailoverClient
 from spark_cnn.task.files import prefetched, read_listed_file
 from spark_cnn.task.launcher import LaunchOptions, ensure_sidecar
 from spark_cnn.task.object_store import NO_STORAGE, StorageOptions, is_store_uri
-from spark_cnn.task.protocol import SizedImages
+from spark_cnn.task.protocol import PricedImages, SizedImages
 from spark_cnn.task.run_options import DEFAULT_DECODE_PLACE, DEFAULT_RUN, RunOptions
 from spark_cnn.task.schema import (
     ERROR,
@@ -283,6 +284,7 @@ def request(plan: InferencePlan, pending: PendingBatch, batch: pa.RecordBatch, *
                 if plan.encoding not in FILE_ENCODINGS and "height" in batch.schema.names else None)
     rows: list[int] = []
     images: list = []
+    started = time.thread_time()  # this thread's CPU for the request's images: read, decoded, failed or not
     for row, data in _row_data(plan, pending, batch):
         try:
             image, source = decode_row(plan, data(), struct=struct, decode_here=decode_here,
@@ -297,10 +299,13 @@ def request(plan: InferencePlan, pending: PendingBatch, batch: pa.RecordBatch, *
         rows.append(row)
         images.append(image)
         if len(rows) == plan.request_rows:
-            yield Request(pending, rows), _request_images(pending, rows, images, decode_here, plan.endpoint.sized)
+            yield Request(pending, rows), _request_images(pending, rows, images, decode_here, plan.endpoint.sized,
+                                                          time.thread_time() - started)
             rows, images = [], []
+            started = time.thread_time()
     if rows:
-        yield Request(pending, rows), _request_images(pending, rows, images, decode_here, plan.endpoint.sized)
+        yield Request(pending, rows), _request_images(pending, rows, images, decode_here, plan.endpoint.sized,
+                                                      time.thread_time() - started)
 
 
 def decode_row(plan: InferencePlan, data, *, struct: bool, decode_here: bool, shape: Sequence[int] = ()
@@ -393,11 +398,13 @@ def assemble(plan: InferencePlan, pending: PendingBatch, parts: Sequence[tuple[S
     return pa.RecordBatch.from_arrays([columns[name] for name in output.names], schema=output)
 
 
-def _request_images(pending: PendingBatch, rows: list[int], images: list, decode_here: bool, sized: bool):
-    """One request's images: SizedImages (each at its own size), stacked fixed crops, or the files."""
+def _request_images(pending: PendingBatch, rows: list[int], images: list, decode_here: bool, sized: bool,
+                    cpu_s: float) -> PricedImages:
+    """One request's images: SizedImages (each at its own size), stacked fixed crops, or the files; priced with
+    the CPU seconds making them took (`cpu_s`), which the sidecar counts as the job's task-side decoding."""
     if sized:
-        return SizedImages(images, [pending.sources[row] for row in rows])
-    return np.stack(images) if decode_here else images
+        return PricedImages(SizedImages(images, [pending.sources[row] for row in rows]), cpu_s)
+    return PricedImages(np.stack(images) if decode_here else images, cpu_s)
 
 
 def _sized(plan: InferencePlan, data, struct: bool, pixels_given: bool, shape: list) -> tuple[np.ndarray, tuple]:

@@ -75,6 +75,7 @@ def test_spark_cnn_submit_runs_a_preset_with_flags_over_preset_over_spark_conf(d
     assert summary["images"] == 23 and summary["errors"] == 3
     assert summary["batch_size"] == 4  # Spark conf over the default (auto)
     assert [s["device"] for s in summary["sidecars"]] == ["cpu"]  # the flag over preset and Spark conf
+    assert summary["sidecars"][0]["task_decode_cpu_s"] > 0  # the tasks decoded, and told their sidecar the CPU
     rows = pq.read_table(output).to_pylist()
     assert len(rows) == 23 and len({r["path"] for r in rows}) == 23
     assert sum(r["error"] is not None for r in rows) == 3

@@ -166,6 +166,20 @@ def test_a_sidecar_that_decodes_counts_its_decoding_cpu_apart(shared, endpoint):
     assert 0.0 < stats["decode_cpu_s"] < 24 * 0.2, stats  # Pillow at 400x300: ~1-5 ms an image on a core
 
 
+def test_the_tasks_decoding_cpu_they_tell_is_summed_per_job(shared, endpoint, reference):
+    """A task prices each request with the CPU it took to make its images; the sidecar sums it per job
+    (task_decode_cpu_s), the decoding half of the bench's useful share. Unpriced requests add nothing."""
+    _, info = shared
+    pixels = random_pixels(np.random.default_rng(4), 6)
+    priced = [(i, protocol.PricedImages(pixels[i::3], 0.125)) for i in range(3)]
+    with SidecarClient(info.socket, info.token, endpoint, job="task-decode-cpu") as client:
+        replies = list(map_ordered(client, [*priced, (3, pixels[:2])]))
+        stats = client.stats("task-decode-cpu")
+    for (_, sent), (_, reply) in zip([*priced, (3, protocol.PricedImages(pixels[:2]))], replies, strict=True):
+        check_against_reference(reference, sent.images, reply)
+    assert stats["task_decode_cpu_s"] == 0.375 and stats["decode_cpu_s"] == 0.0 and stats["images"] == 8, stats
+
+
 def test_a_jobs_device_profile_reaches_the_sidecars_start_point(shared, endpoint, reference):
     from spark_cnn.task.run_options import RunOptions
     from tests.perf_doubles import synthetic_profile

@@ -103,3 +103,22 @@ def test_the_table_splits_the_sidecars_cpu_into_its_forwards_and_its_serving():
     (line,) = [line for line in report.table(suite._entry("m", "mobilenet_v3_small", 1000, details)).splitlines()
                if "spark_cnn: batch size" in line]
     assert "forward" not in line
+
+
+def test_the_useful_share_reads_each_rounds_rate_against_its_own_decoding_and_model_cpu():
+    rounds = []
+    for rate, decode_s, compute_s in ((300.0, 7.0, 12.0), (200.0, 9.0, 18.0), (330.0, 6.5, 11.5)):
+        details = _details(spark_cnn=rate, limit=400.0)
+        details["limit"]["cores"] = 2
+        details["spark_cnn"].update(images=4096, task_decode_cpu_s=decode_s, decode_cpu_s=0.0,
+                                    compute_cpu_s=compute_s)
+        rounds.append(details)
+    entry = suite._entry("m", "mobilenet_v3_small", 4096, rounds)
+    # 300 img/s * 19 s / 4096 images / 2 cores; the slow round slowed its work per image alike
+    assert entry["useful_share"] == {"spark_cnn": [0.6958, 0.6592, 0.7251]}
+    (line,) = [line for line in report.target_lines(entry) if "useful share" in line]
+    assert "0.70 (rounds 0.66-0.73)" in line, line
+    for details in rounds:  # a run whose tasks did not say what their decoding cost: no share, no line
+        details["spark_cnn"]["task_decode_cpu_s"] = 0.0
+    entry = suite._entry("m", "mobilenet_v3_small", 4096, rounds)
+    assert "useful_share" not in entry and not [line for line in report.target_lines(entry) if "useful" in line]

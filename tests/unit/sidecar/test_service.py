@@ -256,6 +256,15 @@ def test_a_batchs_compute_cpu_is_shared_among_its_jobs_by_rows():
     assert (a["device_s"], b["device_s"]) == (0.3, 0.2)  # each job's batches' whole time
 
 
+def test_the_tasks_decoding_cpu_is_summed_per_job():
+    stats = JobStats()
+    stats.request("job-a", 4, task_cpu_s=0.25)
+    stats.request("job-a", 2, task_cpu_s=0.125)
+    stats.request("job-b", 3)  # a client that does not say
+    assert stats.snapshot("job-a")["task_decode_cpu_s"] == 0.375 and stats.snapshot("job-a")["images"] == 6
+    assert stats.snapshot("job-b")["task_decode_cpu_s"] == 0.0
+
+
 # --- who a failure blames, and one reply per request ---------------------------------------------------------------
 
 STICKY_ROW = 252  # a row of all 252s makes the fake model raise a CUDA error that leaves the device unusable

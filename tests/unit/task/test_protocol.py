@@ -17,12 +17,17 @@ from spark_cnn.task.protocol import (
     HEADER,
     MAX_PAYLOAD_BYTES,
     PIXELS_COLUMN,
+    TASK_CPU_KEY,
     ConnectionClosed,
     Kind,
+    PricedImages,
+    SizedImages,
     decode_outputs,
+    decode_priced_request,
     decode_request,
     encode_outputs,
     encode_pixels,
+    encode_request,
     recv_frame,
     send_frame,
     send_json,
@@ -149,6 +154,29 @@ def test_pixels_round_trip_through_a_frame(pair):
     frame = recv_frame(b)
     sender.join(JOIN_S)
     assert np.array_equal(decode_pixels(frame.payload), pixels)
+
+
+def test_a_priced_request_carries_the_tasks_cpu_beside_its_images_of_each_kind():
+    pixels = np.random.default_rng(2).integers(0, 256, size=(2, 4, 4, 3), dtype=np.uint8)
+    sized = SizedImages([pixels[0], pixels[1, :2]], [(8, 8), (4, 8)])
+    for images in (pixels, [b"file one", b"two"], sized):
+        got = decode_priced_request(encode_request(PricedImages(images, 0.0125)))
+        assert got.task_cpu_s == 0.0125
+        if isinstance(images, SizedImages):
+            assert got.images.sources == images.sources and got.images.sizes == images.sizes
+        else:
+            assert np.array_equal(np.asarray(got.images), np.asarray(images))
+        assert decode_priced_request(encode_request(images)).task_cpu_s == 0.0  # unpriced: nothing said
+
+
+def test_a_request_whose_cpu_is_not_a_number_is_refused():
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x"], pa.binary())], names=["encoded"])
+    batch = batch.replace_schema_metadata({TASK_CPU_KEY: b"lots"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    with pytest.raises(SidecarError, match="task_cpu_s is not a number"):
+        decode_priced_request(sink.getvalue())
 
 
 def test_encode_pixels_accepts_a_non_contiguous_view():

@@ -28,7 +28,7 @@ def _requests(paths: list[str], contents: pa.Array) -> tuple[list, PendingBatch]
     """(rows, images) of each request made from one input batch, and that batch's PendingBatch."""
     batch = pa.RecordBatch.from_arrays([pa.array(paths, pa.string()), contents], names=list(INPUT_COLUMNS))
     pending = pending_batch(_plan(), batch)
-    return [(sent.rows, images) for sent, images in request(_plan(), pending, batch, decode_here=True)], pending
+    return [(sent.rows, priced.images) for sent, priced in request(_plan(), pending, batch, decode_here=True)], pending
 
 
 def test_files_go_at_their_own_size_with_their_upright_source_size():

@@ -16,6 +16,7 @@ from spark_cnn.imaging.preprocess import Preprocessing
 from spark_cnn.models.spec import Endpoint
 from spark_cnn.task.client import RequestFailed, map_ordered
 from spark_cnn.task.launcher import LaunchOptions
+from spark_cnn.task.protocol import PricedImages
 from spark_cnn.task.schema import output_schema, reply_schema
 from spark_cnn.task.stream import (
     INPUT_COLUMNS,
@@ -106,8 +107,9 @@ def test_request_sends_the_rows_that_decode_and_keeps_the_others_by_row():
     batch = _batch([b"a", None, b"c", b"", b"e", b"f", None])
     pending = pending_batch(_plan(), batch)
     sent = list(request(_plan(request_rows=2), pending, batch, decode_here=False))
-    assert [(s.rows, images) for s, images in sent] == [([0, 2], [b"a", b"c"]), ([4, 5], [b"e", b"f"])]
+    assert [(s.rows, priced.images) for s, priced in sent] == [([0, 2], [b"a", b"c"]), ([4, 5], [b"e", b"f"])]
     assert all(s.batch is pending for s, _ in sent)
+    assert all(priced.task_cpu_s >= 0.0 for _, priced in sent)  # the thread's CPU for them, told to the sidecar
     assert sorted(pending.failed) == [1, 3, 6] and pending.failed[1] == NULL_IMAGE
 
 
@@ -177,9 +179,9 @@ class _FakeClient:
         self.waiting: deque = deque()
         self.ids = iter(range(1, 1 << 30))
 
-    def submit(self, images: list[bytes]) -> int:
+    def submit(self, priced: PricedImages) -> int:
         request_id = next(self.ids)
-        self.waiting.append((request_id, images))
+        self.waiting.append((request_id, priced.images))
         return request_id
 
     def receive(self):
