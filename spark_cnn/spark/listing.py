@@ -35,8 +35,14 @@ _scandir = os.scandir  # module attribute, so a test can make one folder fail as
 MIN_FILES_PER_TASK = 20_000
 # ... but never fewer partitions than this many per core (Spark's default parallelism, or
 # spark.sql.files.minPartitionNum when set), Spark's tuning guide's 2-3 tasks per core: a slow task then leaves
-# the other cores work.
+# the other cores work ...
 TASKS_PER_CORE = 3
+# ... once there are this many files per core for each of those waves of tasks. An executor's tasks share one
+# sidecar, so they progress together and end together, and each boundary between two waves idles every core of
+# the executor for ~0.15 s (the old tasks' output committed, the new ones started). In 4,096-image jobs on the
+# 2-core guest, 6 tasks gave a 0.78 useful share of the cores where 2 tasks gave 0.80 (docs/benchmarks.md); with
+# 2,048 files a task lasts ~14 s a core there, and a boundary costs about 1% of it.
+FILES_PER_CORE_PER_WAVE = 2048
 
 
 @dataclass(frozen=True, slots=True)  # slots: a million entries of a listing cost ~100 MB less on the driver
@@ -138,14 +144,15 @@ def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost
     `min_files` (files the tasks read themselves): where that gives partitions of fewer files on average (many
     small files: Spark's 4 MB open cost makes 32 files per partition, 31,250 tasks and output files for a million
     images), the files are spread instead over `merged_partition_count` partitions, largest first onto the
-    lightest, so the partitions stay even in bytes."""
+    lightest, so the partitions stay even in bytes. Spark's packing stands where it makes no more partitions
+    than TASKS_PER_CORE per core (few large files)."""
     partitions = _spark_packing(entries, max_partition_bytes=max_partition_bytes, open_cost_bytes=open_cost_bytes,
                                 min_partitions=min_partitions)
     if min_files is None or len(partitions) <= 1 or len(entries) >= min_files * len(partitions):
         return partitions
-    count = merged_partition_count(len(entries), min_partitions=min_partitions, min_files=min_files)
-    if count >= len(partitions):
+    if max(min_partitions * TASKS_PER_CORE, math.ceil(len(entries) / min_files)) >= len(partitions):
         return partitions
+    count = merged_partition_count(len(entries), min_partitions=min_partitions, min_files=min_files)
     bins: list[tuple[int, int]] = [(0, i) for i in range(count)]  # (bytes so far, partition), a heap
     merged: list[list[Entry]] = [[] for _ in range(count)]
     for entry in sorted(entries, key=lambda e: e.size, reverse=True):
@@ -156,15 +163,20 @@ def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost
 
 
 def merged_partition_count(files: int, *, min_partitions: int, min_files: int) -> int:
-    """Partitions for `files` small files: enough for `min_files` each, but at least TASKS_PER_CORE per core
-    (`min_partitions`, Spark's default parallelism) while there are files for them.
+    """Partitions for `files` small files: enough for `min_files` each, but at least one per core
+    (`min_partitions`, Spark's default parallelism) and up to TASKS_PER_CORE per core, a wave of tasks for every
+    FILES_PER_CORE_PER_WAVE files per core.
 
     >>> merged_partition_count(1_000_000, min_partitions=2, min_files=20_000)
     50
     >>> merged_partition_count(20_000, min_partitions=2, min_files=20_000)
     6
+    >>> merged_partition_count(4_096, min_partitions=2, min_files=20_000), merged_partition_count(
+    ...     8_192, min_partitions=2, min_files=20_000)
+    (2, 4)
     """
-    return max(1, min(files, max(min_partitions * TASKS_PER_CORE, math.ceil(files / min_files))))
+    waves = max(1, min(TASKS_PER_CORE, files // (min_partitions * FILES_PER_CORE_PER_WAVE)))
+    return max(1, min(files, max(min_partitions * waves, math.ceil(files / min_files))))
 
 
 def _spark_packing(entries: list[Entry], *, max_partition_bytes: int, open_cost_bytes: int,

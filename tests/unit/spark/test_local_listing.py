@@ -104,10 +104,14 @@ def test_many_small_files_are_spread_over_few_even_partitions_of_at_least_min_fi
     assert sorted(e.path for g in groups for e in g) == sorted(e.path for e in files)  # each file once
     sizes = [sum(e.size for e in g) for g in groups]
     assert max(sizes) - min(sizes) <= 206  # even in bytes: at most one file's difference
-    # fewer files: never fewer than three partitions per core (Spark's packing made 8 of 500 files here)
+    # fewer files: never fewer than one partition per core, and a wave of tasks more per 2,048 files a core, up
+    # to three (Spark's packing made 8 partitions of 500 files of the 4,000 here, 25 of the 12,288)
     few = files[:4_000]
     assert len(pack_partitions(few, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
-                               min_files=1_000)) == 3 * 2
+                               min_files=10_000)) == 2
+    more = [Entry(f"/g{i}", 200) for i in range(12_288)]
+    assert len(pack_partitions(more, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
+                               min_files=10_000)) == 3 * 2
     # large files already make partitions of many bytes: Spark's packing stands
     big = [Entry(f"/b{i}", 50 << 20) for i in range(10)]
     assert pack_partitions(big, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
