@@ -117,7 +117,8 @@ def test_a_listing_becomes_one_partition_per_packed_group_in_order(spark):
     from spark_cnn.spark.listing import MIN_FILES_PER_TASK, Entry, pack_partitions
     from spark_cnn.spark.sources import file_packing, listed_frame
 
-    entries = [Entry(f"s3://{BUCKET}/many/{i:05d}.jpg", 1_000 + (i * 7919) % 300_000) for i in range(3_000)]
+    # two waves of tasks' worth on the session's cores (listing.FILES_PER_CORE_PER_WAVE): several groups to order
+    entries = [Entry(f"s3://{BUCKET}/many/{i:05d}.jpg", 1_000 + (i * 7919) % 300_000) for i in range(8_192)]
     groups = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
     assert len(groups) > 2
     frame = listed_frame(spark, entries)
