@@ -85,8 +85,11 @@ def _useful_share_line(entry: dict, variant: str) -> str | None:
     if not shares:
         return None
     spread = f" (rounds {min(shares):.2f}-{max(shares):.2f})" if len(shares) > 1 else ""
+    split = (entry.get("cores_time_ms_per_image") or {}).get(variant)
+    where = ("; the cores' time an image, median round: " + ", ".join(f"{part} {ms:.2f}" for part, ms in split.items())
+             + " ms") if split else ""
     return (f"  {'  useful share of the cores':32s} {statistics.median(shares):6.2f}{spread}: its decoding and "
-            "model CPU, measured in the run, times its rate, over the cores")
+            f"model CPU, measured in the run, times its rate, over the cores{where}")
 
 
 def _steady_ratios(entry: dict, variant: str) -> list[float]:

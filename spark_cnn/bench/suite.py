@@ -35,6 +35,7 @@ from spark_cnn.bench.cputime import TreeCpuSampler, cpu_seconds_by_kind, per_ima
 from spark_cnn.bench.dataset import DEFAULT_DATA_DIR, DETECT_SHAPES, input_dir
 from spark_cnn.bench.detect_check import check_outputs, summary_line
 from spark_cnn.bench.device_budget import (
+    cores_time_split,
     decode_ms_per_image,
     device_budget,
     steady_rate,
@@ -321,6 +322,7 @@ def _entry(machine: str, model: str, images: int, rounds: dict | list[dict]) -> 
     shares = {v: [useful_share(r.get(v, {}), cores) for r in rounds] for v in ran if v in SPARK_CNN_VARIANTS}
     if any(share for v in shares for share in shares[v]):
         entry["useful_share"] = {v: values for v, values in shares.items() if any(values)}
+        entry["cores_time_ms_per_image"] = {v: cores_time_split(details[v], cores) for v in entry["useful_share"]}
     steady = {v: [r.get(v, {}).get("steady_state", {}).get("images_per_s") for r in rounds] for v in ran}
     if any(rate for v in steady for rate in steady[v]):
         entry["steady_state_rates"] = {v: [_rounded(rate) for rate in steady[v]] for v in ran

@@ -111,13 +111,19 @@ def test_the_useful_share_reads_each_rounds_rate_against_its_own_decoding_and_mo
         details = _details(spark_cnn=rate, limit=400.0)
         details["limit"]["cores"] = 2
         details["spark_cnn"].update(images=4096, task_decode_cpu_s=decode_s, decode_cpu_s=0.0,
-                                    compute_cpu_s=compute_s)
+                                    compute_cpu_s=compute_s, cpu_ms_per_image={"jvm": 0.5, "python_worker": 2.0,
+                                                                               "sidecar": 3.2, "total": 5.7})
         rounds.append(details)
     entry = suite._entry("m", "mobilenet_v3_small", 4096, rounds)
     # 300 img/s * 19 s / 4096 images / 2 cores; the slow round slowed its work per image alike
     assert entry["useful_share"] == {"spark_cnn": [0.6958, 0.6592, 0.7251]}
     (line,) = [line for line in report.target_lines(entry) if "useful share" in line]
     assert "0.70 (rounds 0.66-0.73)" in line, line
+    # where the median round's cores' time went: 2 cores / 300 img/s = 6.667 ms an image, 4.639 of it useful
+    assert entry["cores_time_ms_per_image"]["spark_cnn"] == {"useful": 4.639, "jvm": 0.5, "python_worker": 0.291,
+                                                              "sidecar": 0.27, "idle": 0.967}
+    assert "the cores' time an image, median round: useful 4.64, jvm 0.50, python_worker 0.29, sidecar 0.27, " \
+           "idle 0.97 ms" in line, line
     for details in rounds:  # a run whose tasks did not say what their decoding cost: no share, no line
         details["spark_cnn"]["task_decode_cpu_s"] = 0.0
     entry = suite._entry("m", "mobilenet_v3_small", 4096, rounds)
