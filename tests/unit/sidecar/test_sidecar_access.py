@@ -233,6 +233,17 @@ def test_no_package_code_unpickles_without_an_allow_list_or_loads_torch_files_un
 
 def _torch_load_calls(source: str) -> list[ast.Call]:
     """Every `torch.load(...)` call in a module, however its arguments are written."""
-    return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+    return [node for node in ast.walk(_parsed(source)) if isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute) and node.func.attr == "load"
             and isinstance(node.func.value, ast.Name) and node.func.value.id == "torch"]
+
+
+def _parsed(source: str) -> ast.Module:
+    """ast.parse, once more after CPython 3.11's spurious "AST constructor recursion depth mismatch" SystemError
+    (cpython gh-106905: an error inside the AST's construction is reported as that mismatch; it struck one
+    `make test` run in four here, beside other test workers' threads). A real fault of the source is a
+    SyntaxError and still fails."""
+    try:
+        return ast.parse(source)
+    except SystemError:
+        return ast.parse(source)
