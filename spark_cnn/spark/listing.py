@@ -40,7 +40,7 @@ TASKS_PER_CORE = 3
 # ... once there are this many files per core for each of those waves of tasks. An executor's tasks share one
 # sidecar, so they progress together and end together, and each boundary between two waves idles every core of
 # the executor for ~0.15 s (the old tasks' output committed, the new ones started). In 4,096-image jobs on the
-# 2-core guest, 6 tasks gave a 0.78 useful share of the cores where 2 tasks gave 0.80 (docs/benchmarks.md); with
+# 2-core guest, 6 tasks gave a 0.77 useful share of the cores where 2 tasks gave 0.80 (docs/benchmarks.md); with
 # 2,048 files a task lasts ~14 s a core there, and a boundary costs about 1% of it.
 FILES_PER_CORE_PER_WAVE = 2048
 

@@ -10,6 +10,7 @@ client that asks for it in its HELLO also gets PROGRESS messages while it waits 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import struct
 from dataclasses import asdict, dataclass, fields
@@ -192,7 +193,7 @@ def _recv_exact(sock: socket.socket, size: int) -> memoryview:
 # --- Arrow payloads -------------------------------------------------------------------------------------------
 
 # INFER schema metadata: the CPU seconds the task's thread spent making the request's images (reading and
-# decoding them), which the sidecar adds up per job (job_stats.task_decoded): decoding's share of a task's CPU.
+# decoding them), which the sidecar adds up per job (JobStats.request: task_decode_cpu_s).
 TASK_CPU_KEY = b"task_cpu_s"
 
 
@@ -265,9 +266,11 @@ def decode_priced_request(payload) -> PricedImages:
     """An INFER payload's images (as decode_request) and the task's CPU seconds for them (0 when not given)."""
     batch = _from_ipc(payload)
     try:
-        cpu_s = max(0.0, float((batch.schema.metadata or {}).get(TASK_CPU_KEY, b"0")))
-    except ValueError as e:
-        raise SidecarError(f"INFER metadata {TASK_CPU_KEY.decode()} is not a number") from e
+        cpu_s = float((batch.schema.metadata or {}).get(TASK_CPU_KEY, b"0"))
+    except ValueError:
+        cpu_s = math.nan
+    if not (math.isfinite(cpu_s) and cpu_s >= 0):
+        raise SidecarError(f"INFER metadata {TASK_CPU_KEY.decode()} is not a number of seconds")
     if batch.schema.names == [ENCODED_COLUMN] and pa.types.is_binary(batch.schema.types[0]):
         return PricedImages(batch.column(0).to_pylist(), cpu_s)
     if batch.schema.names and batch.schema.names[0] == SIZED_IMAGE_COLUMN:

@@ -169,13 +169,14 @@ def test_a_priced_request_carries_the_tasks_cpu_beside_its_images_of_each_kind()
         assert decode_priced_request(encode_request(images)).task_cpu_s == 0.0  # unpriced: nothing said
 
 
-def test_a_request_whose_cpu_is_not_a_number_is_refused():
+@pytest.mark.parametrize("value", [b"lots", b"nan", b"inf", b"-1"])
+def test_a_request_whose_cpu_is_not_a_number_of_seconds_is_refused(value):
     batch = pa.RecordBatch.from_arrays([pa.array([b"x"], pa.binary())], names=["encoded"])
-    batch = batch.replace_schema_metadata({TASK_CPU_KEY: b"lots"})
+    batch = batch.replace_schema_metadata({TASK_CPU_KEY: value})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    with pytest.raises(SidecarError, match="task_cpu_s is not a number"):
+    with pytest.raises(SidecarError, match="task_cpu_s is not a number of seconds"):
         decode_priced_request(sink.getvalue())
 
 
