@@ -270,40 +270,64 @@ def listed_frame(spark: SparkSession, entries: list[Entry]) -> DataFrame:
     output file); rows in packed order.
 
     No `sparkContext` (Spark Connect has none) and no Python worker: a small table of the groups (one row each,
-    their paths and sizes as arrays) is broadcast onto `range(n)` in n partitions, so partition i holds group
-    i alone, and exploded there."""
-    partitions = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
+    their paths and sizes as arrays), exploded where it lands. Where there are no more groups than a leaf scan's
+    partitions (`_scanned_alone`: a small job's one task per core), that table's own scan puts group i alone in
+    partition i. Else it is broadcast onto `range(n)` in n partitions, which costs a Spark job and its planning
+    before the first task (about 0.3 s of two idle cores on the 2-core guest, docs/benchmarks.md)."""
+    parallelism = default_parallelism(spark)  # once: on Spark Connect it is a small job
+    partitions = pack_partitions(entries, **file_packing(spark, parallelism), min_files=MIN_FILES_PER_TASK)
     if not partitions:
         return spark.createDataFrame([], LISTED_ROW_SCHEMA)
     groups = _groups_frame(spark, partitions)
-    slots = spark.range(0, len(partitions), 1, numPartitions=len(partitions))
+    if not _scanned_alone(spark, partitions, parallelism):
+        slots = spark.range(0, len(partitions), 1, numPartitions=len(partitions))
+        groups = slots.join(groups.hint("broadcast"), F.expr("id = part"))
     # SQL strings: a py4j call each, where `functions` took several (the JVM's CPU on every job)
-    files = (slots.join(groups.hint("broadcast"), F.expr("id = part"))
-             .selectExpr("explode(arrays_zip(paths, sizes)) AS file"))
+    files = groups.selectExpr("explode(arrays_zip(paths, sizes)) AS file")
     return files.selectExpr("file.paths AS path", "CAST(NULL AS BINARY) AS content", "file.sizes AS size")
 
 
 def _groups_frame(spark: SparkSession, partitions: list[list[Entry]]) -> DataFrame:
     """(part, paths, sizes), one row per group. From an Arrow table where pyspark takes one (4.0 and later): a
-    million paths as Python rows cost ~20 s of type checks and pickling on the driver (bench-scale --plan-only)."""
-    if int(pyspark.__version__.split(".")[0]) >= 4:
+    million paths as Python rows cost ~20 s of type checks and pickling on the driver (bench-scale --plan-only).
+    The table holds one record batch per group, so that a table too large for a local relation
+    (`spark.sql.execution.arrow.localRelationThreshold`), which Spark parallelises one batch per partition, still
+    keeps one group per partition."""
+    if _takes_arrow():
         import pyarrow as pa
 
-        return spark.createDataFrame(pa.table({
-            "part": pa.array(range(len(partitions)), pa.int64()),
-            "paths": pa.array([[e.path for e in group] for group in partitions], pa.list_(pa.string())),
-            "sizes": pa.array([[e.size for e in group] for group in partitions], pa.list_(pa.int64()))}))
+        schema = pa.schema([("part", pa.int64()), ("paths", pa.list_(pa.string())), ("sizes", pa.list_(pa.int64()))])
+        return spark.createDataFrame(pa.Table.from_batches([
+            pa.record_batch([pa.array([i], pa.int64()), pa.array([[e.path for e in group]], pa.list_(pa.string())),
+                             pa.array([[e.size for e in group]], pa.list_(pa.int64()))], schema=schema)
+            for i, group in enumerate(partitions)], schema))
     return spark.createDataFrame([(i, [e.path for e in group], [e.size for e in group])
                                   for i, group in enumerate(partitions)],
                                  "part bigint, paths array<string>, sizes array<bigint>")
 
 
-def file_packing(spark: SparkSession) -> dict:
-    """pack_partitions' settings from the session's conf, as Spark's file scan reads them (Connect-safe)."""
+def _takes_arrow() -> bool:
+    return int(pyspark.__version__.split(".")[0]) >= 4
+
+
+def _scanned_alone(spark: SparkSession, partitions: list[list[Entry]], parallelism: int) -> bool:
+    """Whether the groups' own table, scanned, puts each group alone in its partition, in order: Spark slices a
+    local relation's rows evenly into min(rows, spark.sql.leafNodeDefaultParallelism) partitions, and an Arrow
+    table above the local-relation threshold one batch per partition. Python rows (pyspark 3.5) are parallelised
+    by the context's own rule, so they keep the broadcast."""
+    if not _takes_arrow():
+        return False
+    leaf = spark.conf.get("spark.sql.leafNodeDefaultParallelism", None)
+    return len(partitions) <= (int(leaf) if leaf else parallelism)
+
+
+def file_packing(spark: SparkSession, parallelism: int | None = None) -> dict:
+    """pack_partitions' settings from the session's conf, as Spark's file scan reads them (Connect-safe);
+    `parallelism`: the session's default parallelism where the caller has it already."""
     minimum = spark.conf.get("spark.sql.files.minPartitionNum", None)
     return {"max_partition_bytes": byte_size(spark.conf.get("spark.sql.files.maxPartitionBytes")),
             "open_cost_bytes": byte_size(spark.conf.get("spark.sql.files.openCostInBytes")),
-            "min_partitions": int(minimum) if minimum else default_parallelism(spark)}
+            "min_partitions": int(minimum) if minimum else parallelism or default_parallelism(spark)}
 
 
 def default_parallelism(spark: SparkSession) -> int:

@@ -32,10 +32,22 @@ def main(url: str, folder: str, weights: str, result_path: str) -> None:
     except Exception as e:
         sidecars_error = f"{type(e).__name__}: {e}"
 
+    # a small listing's layout on Connect: one partition per packed group, in order (the groups' own scan)
+    from pyspark.sql.functions import spark_partition_id
+
+    from spark_cnn.spark.listing import MIN_FILES_PER_TASK, Entry, pack_partitions
+    from spark_cnn.spark.sources import file_packing, listed_frame
+
+    entries = [Entry(f"/listed/{i:05d}.jpg", 1_000 + (i * 7919) % 300_000) for i in range(3_000)]
+    groups = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
+    listed = listed_frame(spark, entries).select("path", spark_partition_id().alias("part"))
+
     from pyspark import SparkContext
 
     result = {"connect": is_connect(spark), "app_id": application_id(spark), "classify": classified,
               "embed": embedded, "udf": by_udf, "sidecars_error": sidecars_error,
+              "listed": [[row.path, row.part] for row in listed.collect()],
+              "listed_groups": [[e.path for e in group] for group in groups],
               # nothing above may have started a JVM or a SparkContext in this process
               "jvm": SparkContext._gateway is not None or SparkContext._active_spark_context is not None}
     spark.stop()

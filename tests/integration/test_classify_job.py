@@ -113,9 +113,9 @@ def test_fixed_batch_size_and_summary_file(spark, demo_assets, tmp_path):
     summary = classify(ClassifyConfig(folder, str(tmp_path / "out"), InferenceOptions(
         ModelSpec(DIGITS_FACTORY, demo_assets.weights), labels=demo_assets.labels, batch_size=2),
         summary=summary_path), spark=spark)
-    # two Spark jobs: the listing's groups (broadcast to the scan) and the write; the summary's counts were
-    # gathered while writing, so no job reads the output back
-    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before + 2
+    # one Spark job, the write: the listing's groups are read by their own scan (no broadcast job for a small
+    # listing), and the summary's counts were gathered while writing, so no job reads the output back
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before + 1
     with open(summary_path) as f:
         written = json.load(f)
     assert written == summary

@@ -111,23 +111,6 @@ def test_the_etl_takes_each_object_once(spark, demo_assets, images, s3_endpoint,
     assert run_etl(config, spark=spark)["images"] == 0  # taken once
 
 
-def test_a_listing_becomes_one_partition_per_packed_group_in_order(spark):
-    from pyspark.sql import functions as F
-
-    from spark_cnn.spark.listing import MIN_FILES_PER_TASK, Entry, pack_partitions
-    from spark_cnn.spark.sources import file_packing, listed_frame
-
-    # two waves of tasks' worth on the session's cores (listing.FILES_PER_CORE_PER_WAVE): several groups to order
-    entries = [Entry(f"s3://{BUCKET}/many/{i:05d}.jpg", 1_000 + (i * 7919) % 300_000) for i in range(8_192)]
-    groups = pack_partitions(entries, **file_packing(spark), min_files=MIN_FILES_PER_TASK)
-    assert len(groups) > 2
-    frame = listed_frame(spark, entries)
-    rows = frame.select("path", "size", F.spark_partition_id().alias("part")).collect()
-    assert [(r.path, r.size) for r in rows] == [(e.path, e.size) for g in groups for e in g]
-    assert [r.part for r in rows] == [i for i, g in enumerate(groups) for _ in g]
-    assert frame.where("content is not null").count() == 0
-
-
 def _jobs_run(spark) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup())
 

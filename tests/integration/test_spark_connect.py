@@ -100,6 +100,9 @@ def test_notebook_api_on_connect_gives_the_classic_rows(connect_server, classic_
             assert row["top1"]["label"] == classic["label"]
             np.testing.assert_allclose(row["logits"]["logits"], classic["logits"], **LOGITS_TOLERANCE)
     assert "Spark Connect" in result["sidecars_error"]  # no accumulators there: said in one line
+    groups = result["listed_groups"]
+    assert len(groups) == 2  # one task per core of the server's local[2]
+    assert result["listed"] == [[path, i] for i, group in enumerate(groups) for path in group]
 
     # One executor (local[2]): one sidecar served the three queries' tasks; it idles until the server stops.
     assert len(sidecar_pids(result["app_id"])) == 1
