@@ -145,14 +145,15 @@ def pack_partitions(entries: list[Entry], *, max_partition_bytes: int, open_cost
     small files: Spark's 4 MB open cost makes 32 files per partition, 31,250 tasks and output files for a million
     images), the files are spread instead over `merged_partition_count` partitions, largest first onto the
     lightest, so the partitions stay even in bytes. Spark's packing stands where it makes no more partitions
-    than TASKS_PER_CORE per core (few large files)."""
+    than that (a handful of files). Large files are spread by the same count: a task streams them one at a time,
+    so its bytes do not weigh on memory, and fewer waves of tasks leave the cores idle less often."""
     partitions = _spark_packing(entries, max_partition_bytes=max_partition_bytes, open_cost_bytes=open_cost_bytes,
                                 min_partitions=min_partitions)
     if min_files is None or len(partitions) <= 1 or len(entries) >= min_files * len(partitions):
         return partitions
-    if max(min_partitions * TASKS_PER_CORE, math.ceil(len(entries) / min_files)) >= len(partitions):
-        return partitions
     count = merged_partition_count(len(entries), min_partitions=min_partitions, min_files=min_files)
+    if len(partitions) <= count:
+        return partitions
     bins: list[tuple[int, int]] = [(0, i) for i in range(count)]  # (bytes so far, partition), a heap
     merged: list[list[Entry]] = [[] for _ in range(count)]
     for entry in sorted(entries, key=lambda e: e.size, reverse=True):

@@ -112,8 +112,18 @@ def test_many_small_files_are_spread_over_few_even_partitions_of_at_least_min_fi
     more = [Entry(f"/g{i}", 200) for i in range(12_288)]
     assert len(pack_partitions(more, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
                                min_files=10_000)) == 3 * 2
-    # large files already make partitions of many bytes: Spark's packing stands
+    # a middling job of small files (Spark's packing: 4 partitions of 384) and large files (Spark's packing: 5
+    # partitions of two 50 MB files) alike: one task per core, even in bytes
+    middling = [Entry(f"/m{i}", 26_000) for i in range(1_536)]
+    assert [len(g) for g in pack_partitions(middling, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10,
+                                            min_partitions=2, min_files=20_000)] == [768, 768]
     big = [Entry(f"/b{i}", 50 << 20) for i in range(10)]
-    assert pack_partitions(big, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
-                           min_files=1_000) == pack_partitions(big, max_partition_bytes=128 << 20,
+    assert len(pack_partitions(big, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10,
+                               min_partitions=2)) == 5
+    assert [len(g) for g in pack_partitions(big, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10,
+                                            min_partitions=2, min_files=1_000)] == [5, 5]
+    # a handful of files: Spark's packing stands (no more partitions than the count)
+    handful = [Entry(f"/h{i}", 1_000) for i in range(3)]
+    assert pack_partitions(handful, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
+                           min_files=1_000) == pack_partitions(handful, max_partition_bytes=128 << 20,
                                                                open_cost_bytes=256 << 10, min_partitions=2)
