@@ -1,6 +1,6 @@
 """Hand-written CNNs from no zoo, drawn at random: the time model judged on networks nobody chose (issue 36).
 
-    spark-cnn validate --generated --batch-sizes 1,8,32,64 --sweeps 1 --calibrate-each \\
+    spark-cnn validate --generated --batch-sizes 1,8,32,64 --sweeps 3 --calibrate-each \\
         --json docs/zoo-generated.json --markdown docs/zoo-generated.md
 
 `draw_network(rng)` draws one network from five families the zoo has little of:
