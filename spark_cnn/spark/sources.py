@@ -273,7 +273,8 @@ def listed_frame(spark: SparkSession, entries: list[Entry]) -> DataFrame:
     their paths and sizes as arrays), exploded where it lands. Where there are no more groups than a leaf scan's
     partitions (`_scanned_alone`: a small job's one task per core), that table's own scan puts group i alone in
     partition i. Else it is broadcast onto `range(n)` in n partitions, which costs a Spark job and its planning
-    before the first task (about 0.3 s of two idle cores on the 2-core guest, docs/benchmarks.md)."""
+    before the first task (without them, 4,096-image jobs on the 2-core guest kept their cores usefully busy
+    1.6 points more of the time, docs/benchmarks.md)."""
     parallelism = default_parallelism(spark)  # once: on Spark Connect it is a small job
     partitions = pack_partitions(entries, **file_packing(spark, parallelism), min_files=MIN_FILES_PER_TASK)
     if not partitions:
