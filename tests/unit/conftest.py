@@ -10,6 +10,7 @@ import contextlib
 import multiprocessing.process
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -21,21 +22,27 @@ with contextlib.suppress(ImportError):  # the report's plot: its first import on
 _WHY = "unit tests start no process and do not sleep: move the test to tests/integration, or wait on an Event"
 
 
-def _refuse(what: str):
+def _refuse(what: str, original, background: set[int]):
     def refused(*args, **kwargs):
+        if threading.get_ident() in background:  # a thread older than the test (py4j's finalizer of an integration
+            return original(*args, **kwargs)     # test's session in this worker): not the test's doing
         raise RuntimeError(f"{what} in a unit test; {_WHY}")
     return refused
 
 
 @contextlib.contextmanager
 def _no_process_no_sleep():
+    background = {thread.ident for thread in threading.enumerate() if thread is not threading.current_thread()}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(subprocess.Popen, "__init__", _refuse("subprocess.Popen"))
-        mp.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing start"))
+        def refuse(owner, name: str, what: str) -> None:
+            mp.setattr(owner, name, _refuse(what, getattr(owner, name), background))
+
+        refuse(subprocess.Popen, "__init__", "subprocess.Popen")
+        refuse(multiprocessing.process.BaseProcess, "start", "multiprocessing start")
         for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp"):
             if hasattr(os, name):
-                mp.setattr(os, name, _refuse(f"os.{name}"))
-        mp.setattr(time, "sleep", _refuse("time.sleep"))
+                refuse(os, name, f"os.{name}")
+        refuse(time, "sleep", "time.sleep")
         yield
 
 
