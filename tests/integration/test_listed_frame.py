@@ -48,7 +48,10 @@ def test_a_listing_becomes_one_partition_per_packed_group_in_order(spark, layout
         assert _jobs_run(spark) - before == jobs  # the broadcast is a job of its own, before the first task
     finally:
         for key, value in previous.items():
-            spark.conf.unset(key) if value is None else spark.conf.set(key, value)
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     assert [(r.path, r.size) for r in rows] == [(e.path, e.size) for g in groups for e in g]
     assert [r.part for r in rows] == [i for i, g in enumerate(groups) for _ in g]
     assert frame.where("content is not null").count() == 0

@@ -112,7 +112,7 @@ def test_many_small_files_are_spread_over_few_even_partitions_of_at_least_min_fi
     more = [Entry(f"/g{i}", 200) for i in range(12_288)]
     assert len(pack_partitions(more, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10, min_partitions=2,
                                min_files=10_000)) == 3 * 2
-    # a middling job of small files (Spark's packing: 4 partitions of 384) and large files (Spark's packing: 5
+    # a middling job of small files (Spark's packing: 4 partitions, 466 files in the first three) and large files (5
     # partitions of two 50 MB files) alike: one task per core, even in bytes
     middling = [Entry(f"/m{i}", 26_000) for i in range(1_536)]
     assert [len(g) for g in pack_partitions(middling, max_partition_bytes=128 << 20, open_cost_bytes=256 << 10,
