@@ -56,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clock", choices=sorted(timing.CLOCKS), default="wall",
                         help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
                              "host; also used for calibrating with --refresh or --calibrate-each)")
+    parser.add_argument("--judge-pooled", choices=("median", "min"), default=None,
+                        help="with --zoo, --heldout or --generated: measure nothing; judge the stored sweep in "
+                             "--json against one profile made of its own calibrations (--calibrate-each), each "
+                             "point their median or their fastest (spark_cnn.perf_tools.pooled_profile)")
     parser.add_argument("--json", default=None,
                         help=f"write all results to this file (with --zoo: the resumable measurements, default "
                              f"{DEFAULT_ZOO_JSON})")
@@ -107,28 +111,14 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
                           "--layers-at")
     if args.attribute_at < 0:
         raise ConfigError(f"--attribute-at {args.attribute_at}: expected a batch size, or 0 for none")
+    if args.judge_pooled:
+        return _judge_pooled(args, batch_sizes)
     # the common profile judges networks measured without their own calibration
     profile = profile_now(refresh=args.refresh)
     print(f"profile {profile.key}: calibrated in {profile.calibration_s} s on {profile.created}", flush=True)
     if args.clock == "cpu" and profile.threads != 1:
         raise ConfigError(f"--clock cpu times the calling thread: it needs one torch thread, not {profile.threads}")
-    if args.heldout:
-        flops, excluded = zoo.heldout_catalogue(), {}
-        models = list(zoo.HELDOUT)
-        gflops = sorted(flops.values())
-        networks = (f"{len(models)} timm networks held out from the time model's development (none is in "
-                    f"torchvision; {gflops[0]:.2f}-{gflops[-1]:.1f} GFLOPs per 224 px image)")
-    elif args.generated:
-        from spark_cnn.perf_tools.generated_sweep import generated_catalogue
-
-        flops, excluded, networks, shape_of, cost_of = generated_catalogue()
-        models = list(flops)
-    else:
-        flops = zoo.catalogue()
-        models, excluded = zoo.select(flops, args.max_gflops)
-        networks = ""
-    if not args.generated:
-        shape_of = cost_of = None
+    flops, excluded, models, networks, shape_of, cost_of = _catalogue(args)
     path = args.json or DEFAULT_ZOO_JSON
     shape = _generated_shape() if args.generated else list(zoo.ZOO_INPUT_SHAPE)
     settings = {"input_shape": shape, "clock": args.clock, "threads": profile.threads,
@@ -145,8 +135,60 @@ def _run_zoo(args: argparse.Namespace, batch_sizes: list[int], profile_now) -> i
           f"{(time.perf_counter() - started) / 60:.1f} min, load {load:.2f} -> {os.getloadavg()[0]:.2f}", flush=True)
     judged = zoo.judge(_restricted(state, models, batch_sizes), profile, own_profile=zoo.own_profiles(path, state),
                        cost_of=cost_of)
+    return _report(args, judged, batch_sizes, networks)
+
+
+def _judge_pooled(args: argparse.Namespace, batch_sizes: list[int]) -> int:
+    """--judge-pooled: the stored sweep against one profile pooled over its own calibrations; measures nothing."""
+    from spark_cnn.perf_tools import zoo
+    from spark_cnn.perf_tools.pooled_profile import pool_profiles
+
+    if not args.json or not os.path.exists(args.json):
+        raise ConfigError(f"--judge-pooled judges a stored sweep: give its file with --json (got {args.json!r})")
+    with open(args.json) as f:
+        state = json.load(f)
+    _, _, models, networks, _, cost_of = _catalogue(args)
+    own = zoo.own_profiles(args.json, state)
+    profiles = [p for p in (own(name) for name in models if name in state["models"]) if p is not None]
+    if not profiles:
+        raise ConfigError(f"{args.json} holds no calibration of its own: --judge-pooled needs a sweep made with "
+                          "--calibrate-each")
+    pooled = pool_profiles(profiles, args.judge_pooled)
+    judged = zoo.judge(_restricted(state, models, batch_sizes), pooled, cost_of=cost_of)
+    header = (f"Judged against one profile pooled from the sweep's {len(profiles)} calibrations, each point their "
+              f"{args.judge_pooled} ({args.json}; nothing measured again).\n")
+    return _report(args, judged, batch_sizes, networks, header)
+
+
+def _catalogue(args: argparse.Namespace) -> tuple:
+    """(flops, excluded, models, networks, shape_of, cost_of) of the set --zoo, --heldout or --generated names."""
+    from spark_cnn.perf_tools import zoo
+
+    shape_of = cost_of = None
+    if args.heldout:
+        flops, excluded = zoo.heldout_catalogue(), {}
+        models = list(zoo.HELDOUT)
+        gflops = sorted(flops.values())
+        networks = (f"{len(models)} timm networks held out from the time model's development (none is in "
+                    f"torchvision; {gflops[0]:.2f}-{gflops[-1]:.1f} GFLOPs per 224 px image)")
+    elif args.generated:
+        from spark_cnn.perf_tools.generated_sweep import generated_catalogue
+
+        flops, excluded, networks, shape_of, cost_of = generated_catalogue()
+        models = list(flops)
+    else:
+        flops = zoo.catalogue()
+        models, excluded = zoo.select(flops, args.max_gflops)
+        networks = ""
+    return flops, excluded, models, networks, shape_of, cost_of
+
+
+def _report(args: argparse.Namespace, judged: dict, batch_sizes: list[int], networks: str, header: str = "") -> int:
+    """Print the judgement's tables (and the generated set's targets); write them to --markdown if given."""
+    from spark_cnn.perf_tools import zoo
+
     table = zoo.markdown(judged, max_gflops=args.max_gflops, batch_sizes=batch_sizes, clock=args.clock,
-                         networks=networks)
+                         networks=networks, header=header)
     if args.generated:
         from spark_cnn.perf_tools.generated_sweep import no_zoo_targets
 
