@@ -145,8 +145,14 @@ def _judge_pooled(args: argparse.Namespace, batch_sizes: list[int]) -> int:
 
     if not args.json or not os.path.exists(args.json):
         raise ConfigError(f"--judge-pooled judges a stored sweep: give its file with --json (got {args.json!r})")
-    with open(args.json) as f:
-        state = json.load(f)
+    try:
+        with open(args.json) as f:
+            state = json.load(f)
+    except ValueError as e:
+        raise ConfigError(f"{args.json} is not a zoo sweep ({e}); give the --json a sweep wrote") from None
+    if not isinstance(state, dict) or state.get("version") != zoo.STATE_VERSION or "models" not in state:
+        raise ConfigError(f"{args.json} is not a zoo sweep of version {zoo.STATE_VERSION}; give the --json a sweep "
+                          "wrote")
     _, _, models, networks, _, cost_of = _catalogue(args)
     own = zoo.own_profiles(args.json, state)
     profiles = [p for p in (own(name) for name in models if name in state["models"]) if p is not None]

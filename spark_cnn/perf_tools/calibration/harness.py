@@ -21,7 +21,7 @@ __all__ = ["SECTION_SHARES", "Bench", "Budget", "Timing", "fresh", "measure"]
 # later deadlines after the warmth probes, which always run whole. Sized from the sections' times on the slowest
 # host measured (46 s in all, nothing skipped; docs/perf-model.md, "Calibration") so that each deadline falls
 # 1.16-1.2 times after the section ended there; on a host that slow the old shares of a 45 s budget cut the
-# large-batch convolutions, and plain convolutions came out priced a third too slow.
+# large-batch convolutions in 7 of 10 calibrations of one run, and the sidecar points in every one.
 SECTION_SHARES = {"faults": 0.02, "curves": 0.37, "conv": 0.19, "conv_large": 0.23, "gemm": 0.05, "warmth": 0.07,
                   "sidecar": 0.01, "decode": 0.03, "h2d": 0.03}
 # Calls timed per point after one warm-up; their median is kept (Bench.us_without_faults). 3 is the fewest

@@ -10,7 +10,7 @@ import pytest
 from spark_cnn.errors import ConfigError
 from spark_cnn.perf_tools import zoo
 from spark_cnn.perf_tools.generated_nets import frozen_set
-from spark_cnn.perf_tools.pooled_profile import pool_profiles
+from spark_cnn.perf_tools.pooled_profile import STATISTICS, pool_profiles
 from spark_cnn.perf_tools.validate_command import add_arguments, run
 from tests.perf_doubles import synthetic_profile
 
@@ -74,7 +74,7 @@ def test_a_stored_sweep_is_judged_against_its_pooled_calibrations_without_measur
     monkeypatch.setattr("spark_cnn.perf_tools.calibration.calibrate", no_calibration)
     stored = open(path).read()
     predicted = {}
-    for statistic in ("median", "min"):
+    for statistic in STATISTICS:  # the command offers each (its choices are spelled there without torch)
         markdown = tmp_path / f"{statistic}.md"
         assert run(_args("--json", path, "--judge-pooled", statistic, "--markdown", str(markdown))) == 0
         table = markdown.read_text()
@@ -92,6 +92,12 @@ def test_a_stored_sweep_is_judged_against_its_pooled_calibrations_without_measur
 def test_judging_pooled_needs_a_stored_sweep_with_its_own_calibrations(tmp_path):
     with pytest.raises(ConfigError, match="give its file with --json"):
         run(_args("--judge-pooled", "min"))
+    not_json, other = tmp_path / "notes.json", tmp_path / "other.json"
+    not_json.write_text("not json")
+    other.write_text('{"profile": "cpu", "results": []}')  # validate --models' file, not a sweep
+    for wrong in (not_json, other):
+        with pytest.raises(ConfigError, match="is not a zoo sweep"):
+            run(_args("--json", str(wrong), "--judge-pooled", "min"))
     path = str(tmp_path / "common.json")
     name = f"spark_cnn.perf_tools.generated_nets:{frozen_set()[0].name}"
     zoo.sweep(path, [name], [1, 8], sweeps=1, settings=SETTINGS,
