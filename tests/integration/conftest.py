@@ -18,8 +18,10 @@ def spark():
     try:
         yield session
     finally:
-        stop_sidecars(app_id)
+        # Spark first: a task still running after a failed job (a retry, a partition not yet cancelled) can start
+        # a sidecar after ours were stopped; with the session stopped nothing starts one
         session.stop()
+        stop_sidecars(app_id)
         assert find_sidecars(app_id) == []
 
 
