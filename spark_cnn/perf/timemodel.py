@@ -367,7 +367,7 @@ class _Model:
     def layer_us(self, layer: LayerCost, batch: int, scale: float, fault_us: float) -> tuple[float, str]:
         """Microseconds of `layer` at `batch` (plus `fault_us`, its share of page faults), and its bound."""
         if layer.op == "conv2d" and len(layer.shape.get("kernel", ())) == 2:
-            return self._conv_us(layer, batch, fault_us)
+            return self._conv_us(layer, batch, scale, fault_us)
         if layer.op in ("linear", "matmul"):
             us, bound = self._linear_us(layer, batch)
             return us + fault_us, bound
@@ -410,7 +410,7 @@ class _Model:
             fixed += shape.weight_mib * self.profile.conv_weight_us_per_mib
         return fixed
 
-    def _conv_us(self, layer: LayerCost, batch: int, fault_us: float) -> tuple[float, str]:
+    def _conv_us(self, layer: LayerCost, batch: int, scale: float, fault_us: float) -> tuple[float, str]:
         shape = _conv_shape(layer, batch, self.profile)
         points = (self.conv_classes.get(shape.klass) or self.conv_classes.get(_CLASS_FALLBACK.get(shape.klass, "*"))
                   or self.conv_classes.get("*"))
@@ -419,8 +419,22 @@ class _Model:
             work = batch * shape.flops / NOMINAL_FLOPS_PER_US
         else:
             work = batch * shape.flops * math.exp(self._idw(points, shape.features, CONV_FEATURE_WEIGHTS))
-        terms = {"compute": work, "overhead": fixed, "memory": fault_us}
-        return fixed + work + fault_us, max(terms, key=terms.get)
+        bias = self._gemm_bias_us(layer, shape, scale)
+        terms = {"compute": work, "overhead": fixed, "memory": fault_us + bias}
+        return fixed + work + fault_us + bias, max(terms, key=terms.get)
+
+    def _gemm_bias_us(self, layer: LayerCost, shape: _ConvShape, scale: float) -> float:
+        """What a bias adds to a convolution torch runs as a GEMM per image: it fills each image's output with
+        the bias and has the GEMM add into it (beta 1), a pass that reads and writes the output, priced as an
+        in-place add of one image's output (the "add" curve less its per-call floor: the fill is not a call
+        of its own) per image. Calibration times convolutions without a bias, and oneDNN fuses it (a bias
+        cost 0-3% there); every convolution the loader folded a BatchNorm into has one. Unpriced, pointwise
+        convolutions from few channels into many were -23% over the generated networks, 33 to 198 channels
+        at 60 px priced at 0.39 of its time (docs/perf-model.md, "A folded BatchNorm's bias")."""
+        if shape.backend != "slow2d" or not layer.shape.get("bias"):
+            return 0.0
+        image_bytes = layer.output_bytes * scale
+        return shape.batch * max(self.curve_us("add", image_bytes) - self.curve_us("add", 0.0), 0.0)
 
     @staticmethod
     def _gemm_features(rows: int, in_features: int, out_features: int) -> np.ndarray:

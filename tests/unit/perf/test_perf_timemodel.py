@@ -395,6 +395,22 @@ def test_a_convolution_run_as_a_gemm_pays_the_fixed_cost_of_its_own_backend_by_h
     assert timemodel._gemm_conv_call_us(synthetic_profile(conv=only_onednn)) is None
 
 
+def test_a_bias_costs_a_gemm_convolution_a_pass_over_each_image_s_output_by_hand(profile):
+    # Calibration times convolutions without a bias; a folded BatchNorm leaves one. Run as a GEMM per image,
+    # the bias is a fill of each image's output that the GEMM then adds into: the "add" curve at one image's
+    # output less the curve's floor, per image. oneDNN fuses it: nothing.
+    image_out = 256 * 16 * 16 * 4  # a calibrated curve size, where the curve is exact
+    assert image_out in [size for size, _ in profile.curves["add"]]
+    floor = profile.curves["add"][0][1]
+    per_image_us = CALL_US + image_out * US_PER_BYTE - floor
+    costs = {bias: analyse(nn.Sequential(nn.Conv2d(64, 256, 1, bias=bias)), (64, 16, 16)) for bias in (False, True)}
+    for batch, backend in ((1, "slow2d"), (8, "slow2d"), (16, "mkldnn")):
+        (plain,), (biased,) = (predict_layers_ms(costs[bias], profile, batch)[1:2] for bias in (False, True))
+        assert timemodel._conv_shape(biased[0], batch, profile).backend == backend
+        expected = batch * per_image_us if backend == "slow2d" else 0.0
+        assert (biased[1] - plain[1]) * 1e3 == pytest.approx(expected, abs=1e-6)
+
+
 def test_a_grouped_convolution_counts_whole_blocks_of_input_channels_by_hand():
     # A device where grouped work runs at GFLOPS on each group's input channels rounded up to oneDNN's block of
     # 16, as this CPU's did: 4 and 8 channels per group cost as 16, 24 as 32; 48 is three whole blocks.
