@@ -74,8 +74,8 @@ def run(task: ScaleTask) -> dict:
         if task.mode == "classify":
             result["readback_s"] = _readback_s(spark, task.output)
     finally:
+        spark.stop()  # first, so no task left over can start a sidecar after they are stopped (job_io)
         stop_sidecars(result["app_id"])
-        spark.stop()
     return result
 
 

@@ -297,8 +297,9 @@ def run_spark_cnn(task: VariantTask, decode: str = "auto") -> dict:
                 "mean_batch_size": [s.get("mean_batch_size") for s in sidecars],
                 "decode": [s.get("decode") for s in sidecars], "tuning": [s.get("tuning") for s in sidecars]}
     finally:
-        stop_sidecars(spark.sparkContext.applicationId)
-        spark.stop()
+        app_id = spark.sparkContext.applicationId
+        spark.stop()  # first, so no task left over can start a sidecar after they are stopped (job_io)
+        stop_sidecars(app_id)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

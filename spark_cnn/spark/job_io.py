@@ -91,7 +91,7 @@ def job_session(spark: SparkSession | None, *, master: str | None, quiet: bool, 
                 remote: str | None = None, outputs: tuple[str, ...] = (),
                 checkpoints: tuple[str, ...] = ()) -> Iterator[SparkSession]:
     """`spark` when given (the caller owns it), else a new session (on `remote`, a Spark Connect server, when
-    given) that is stopped at the end, after this host's sidecars of its application when the session's
+    given) that is stopped at the end, and then this host's sidecars of its application when the session's
     executors end with it (on a cluster they exit with their executors; on a shared Connect server they serve
     its other clients until they idle out). The job's `outputs` and `checkpoints` are locked (`job_lock`) before
     the session starts and until it ends, so a second job writing one of them stops at once."""
@@ -103,9 +103,12 @@ def job_session(spark: SparkSession | None, *, master: str | None, quiet: bool, 
         try:
             yield spark
         finally:
-            if owns_executors(spark):
-                stop_sidecars(application_id(spark))
+            # asked before the stop, which ends what they read (a local Connect server and its variable); the
+            # sidecars go after it: a task of a failed job still running could start one between the two
+            app_id = application_id(spark) if owns_executors(spark) else None
             spark.stop()
+            if app_id is not None:
+                stop_sidecars(app_id)
 
 
 def staging_uri(output_uri: str, job_id: str) -> str:
