@@ -287,10 +287,12 @@ class _ConvShape:
             channels = _padded(cout, blocked)
             self.flops = 2 * channels * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
         else:
-            # a grouped convolution on oneDNN reads each group's input channels in whole blocks, however few:
-            # 4, 8 and 16 channels per group took the same time, 24 as 32 (docs/perf-model.md, "Grouped
-            # convolutions")
-            cin_block = _padded(cin_g, blocked, whole_blocks=self.klass == "grouped")
+            # oneDNN computes output channels in whole blocks; a grouped convolution reads each group's input
+            # channels in whole blocks too, however few (4, 8 and 16 channels per group took the same time, 24
+            # as 32: docs/perf-model.md, "Grouped convolutions"), but an ungrouped one reads its input channels
+            # as they are: on channels-last inputs 69 -> 64 took 69/64 of 64 -> 64's time, 64 -> 69 that of
+            # 64 -> 80 (docs/perf-model.md, "Input channels off the block")
+            cin_block = _padded(cin_g, blocked, whole_blocks=True) if self.klass == "grouped" else cin_g
             self.flops = 2 * _padded(cout, blocked) * cin_block * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
         self.features = np.array([_log2(cin_g), _log2(cout), _log2(math.sqrt(out_hw[0] * out_hw[1])),
                                   _log2(math.sqrt(kernel[0] * kernel[1])), _log2(math.sqrt(stride[0] * stride[1])),

@@ -433,6 +433,19 @@ def test_a_grouped_convolution_counts_whole_blocks_of_input_channels_by_hand():
         assert ms == pytest.approx(by_hand_ms, rel=0.02), width
 
 
+def test_an_ungrouped_convolution_pays_whole_blocks_of_output_channels_only_by_hand(profile):
+    # The synthetic device runs every calibrated shape (all on multiples of 16 channels) at GFLOPS, so a
+    # prediction is the 20 us call plus the FLOPs the model counts: output channels rounded up to oneDNN's
+    # block of 16, input channels as they are (69 -> 64 costs 69/64 of 64 -> 64, 64 -> 69 as 64 -> 80).
+    for cin, cout, counted_cout in ((69, 64, 64), (64, 69, 80), (69, 69, 80), (24, 24, 32)):
+        cost = analyse(nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False)), (cin, 56, 56))
+        (layer,) = [layer for layer in cost.layers if layer.op == "conv2d"]
+        assert layer_kind(layer, 8, profile) == "conv:conv"
+        ms = {lay.name: t for lay, t, _ in predict_layers_ms(cost, profile, 8)}[layer.name]
+        by_hand_ms = 0.020 + 2 * counted_cout * cin * 9 * 56 * 56 * 8 / (GFLOPS * 1e6)
+        assert ms == pytest.approx(by_hand_ms, rel=0.02), (cin, cout)
+
+
 def test_time_grows_with_batch_and_threads_change_the_backend(profile, digits_cost):
     times = [predict_batch_ms(digits_cost, profile, b) for b in (1, 2, 8, 32)]
     assert times == sorted(times)
