@@ -13,10 +13,11 @@ from spark_cnn.spark import job_io
 
 
 class Session:
-    """Records the order of what job_session does; `alive` as a stopped local Connect server would say."""
+    """Records the order of what job_session does; `alive` as a stopped local Connect server would say, and whether
+    its executors end with it (`owns_executors`: not on a shared Connect server)."""
 
     def __init__(self, events: list[str]):
-        self.events, self.alive = events, True
+        self.events, self.alive, self.owns_executors = events, True, True
 
     def stop(self) -> None:
         self.events.append("session stopped")
@@ -34,23 +35,18 @@ def session_and_events(monkeypatch):
 
     def owns_executors(spark):
         assert spark.alive, "the executors' owner was asked after the session stopped"
-        return owning
+        return spark.owns_executors
 
-    owning = True
     monkeypatch.setattr(job_io, "spark_session", lambda **_: session)
     monkeypatch.setattr(job_io, "application_id", application_id)
     monkeypatch.setattr(job_io, "owns_executors", owns_executors)
     monkeypatch.setattr(job_io, "stop_sidecars", lambda app_id: events.append(f"sidecars of {app_id} stopped"))
-
-    def set_owning(value: bool) -> None:
-        nonlocal owning
-        owning = value
-    return session, events, set_owning
+    return session, events
 
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_session_stops_before_its_sidecars(session_and_events, fails):
-    session, events, _ = session_and_events
+    session, events = session_and_events
     with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
         with job_io.job_session(None, master="local[1]", quiet=True) as spark:
             assert spark is session
@@ -61,15 +57,15 @@ def test_the_session_stops_before_its_sidecars(session_and_events, fails):
 
 
 def test_a_shared_server_s_sidecars_are_left_to_serve_its_other_clients(session_and_events):
-    session, events, set_owning = session_and_events
-    set_owning(False)
+    session, events = session_and_events
+    session.owns_executors = False
     with job_io.job_session(None, master=None, quiet=True, remote="sc://elsewhere:15002"):
         events.append("job ran")
     assert events == ["job ran", "session stopped"]
 
 
 def test_a_session_the_caller_gave_is_neither_stopped_nor_its_sidecars(session_and_events):
-    session, events, _ = session_and_events
+    session, events = session_and_events
     with job_io.job_session(session, master=None, quiet=True):
         events.append("job ran")
     assert events == ["job ran"] and session.alive
