@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from spark_cnn.errors import SidecarError, SidecarLost
@@ -297,8 +297,10 @@ def _read_listed_info(path: str) -> SidecarInfo | None:
 
 
 def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:
-    """SIGTERM this host's sidecars of `app_id` and wait for them to exit. Returns how many were stopped."""
-    targets = []
+    """SIGTERM this host's sidecars of `app_id` and wait until every sidecar process of it is gone, including one
+    already on its way out (its executor ended: its files are gone, its interpreter still tears down) or still
+    starting (no info file yet). Returns how many serving sidecars it stopped."""
+    targets = set()
     for info in find_sidecars(app_id):
         args = " ".join(cmdline(info.pid))
         if "spark_cnn.sidecar" in args:  # never signal a process that merely reused the pid
@@ -306,15 +308,40 @@ def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:
                 os.kill(info.pid, signal.SIGTERM)
             except ProcessLookupError:
                 continue  # it exited on its own meanwhile
-            targets.append(info.pid)
+            targets.add(info.pid)
     stopped = len(targets)
+    for pid in set(sidecar_processes(app_id)) - targets:  # no info file: starting (ends too) or exiting
+        with suppress(ProcessLookupError):  # it exited since it was listed
+            os.kill(pid, signal.SIGTERM)
+        targets.add(pid)
     deadline = time.monotonic() + timeout_s
     while targets and time.monotonic() < deadline:
-        targets = [pid for pid in targets if is_alive(ProcessId(pid, 0))]
+        targets = {pid for pid in targets if is_alive(ProcessId(pid, 0))}
         time.sleep(POLL_INTERVAL_S)
     for pid in targets:
-        try:
+        with suppress(ProcessLookupError):  # it exited since it was listed
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return stopped
+
+
+def sidecar_processes(app_id: str) -> list[int]:
+    """Pids of this host's `python -m spark_cnn.sidecar` processes of `app_id` whose socket lies in this runtime
+    directory, found by their command lines: a sidecar whose files are gone or not yet written counts too.
+    Without /proc (not Linux), the sidecars that info files list."""
+    if not os.path.isdir("/proc"):
+        return [info.pid for info in find_sidecars(app_id)]
+    directory, found = runtime_dir(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        args = cmdline(int(entry))
+        if (args[1:3] == ["-m", "spark_cnn.sidecar"] and _argument(args, "--app-id") == app_id
+                and os.path.dirname(_argument(args, "--socket") or "") == directory
+                and is_alive(ProcessId(int(entry), 0))):
+            found.append(int(entry))
+    return found
+
+
+def _argument(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+

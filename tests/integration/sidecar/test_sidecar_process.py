@@ -358,13 +358,27 @@ def test_stop_sidecars_tolerates_a_sidecar_exiting_meanwhile(app, monkeypatch):
     def cmdline_then_exit(pid: int) -> list[str]:
         # The sidecar's own pid-reuse check passes, then the sidecar exits (e.g. it was idle) before the signal.
         args = real_cmdline(pid)
-        os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: not os.path.exists(f"/proc/{pid}")) is not None  # reaped by the launcher
+        if pid == info.pid and args:
+            os.kill(pid, signal.SIGKILL)
+            assert wait_until(lambda: not os.path.exists(f"/proc/{pid}")) is not None  # reaped by the launcher
         return args
 
     monkeypatch.setattr(launcher, "cmdline", cmdline_then_exit)
 
     assert stop_sidecars(app.app_id) == 0  # it was gone before the signal: this call stopped nothing
+    assert gone(info.pid)
+
+
+def test_stop_sidecars_waits_for_a_sidecar_on_its_way_out(app):
+    """A sidecar whose executor ended removes its socket and info file, then its interpreter tears down: the driver
+    stopping Spark first meets it in that state, and must not return while it still runs (nor while one starts)."""
+    info = ensure_sidecar(app.options(), app.executor)
+    os.unlink(info.socket)  # as lifecycle.remove_files leaves it on its way out
+    os.unlink(app.base() + ".json")
+    assert find_sidecars(app.app_id) == []
+
+    assert stop_sidecars(app.app_id) == 0  # none was serving
+
     assert gone(info.pid)
 
 
