@@ -12,7 +12,9 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from spark_cnn.task.launcher import check_private_dir
 from spark_cnn.task.procs import ProcessId, is_alive
@@ -104,8 +106,14 @@ def stop_on_signals(stop: Callable) -> None:
     signal.signal(signal.SIGINT, stop)
 
 
-def exit_retired() -> None:
-    """End a retired sidecar with EXIT_RETIRED and no exit handlers: with the device unusable, torch's own could
-    hang on it."""
+def exit_process(retired: bool) -> NoReturn:
+    """End the sidecar once it has served, its files removed: EXIT_RETIRED after a sticky device error, else 0.
+    No interpreter teardown: collecting and freeing a torch process's objects took 0.5-0.8 s after the files were
+    gone (py-spy: the final garbage collection), a process that the driver's stop_sidecars waits for at the end of
+    every job; and with the device unusable, torch's own exit handlers could hang on it. Nothing is left to run:
+    the connection and pipeline threads are daemons, the logs are flushed here."""
     logging.shutdown()
-    os._exit(EXIT_RETIRED)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(EXIT_RETIRED if retired else 0)

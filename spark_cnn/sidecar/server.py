@@ -9,13 +9,16 @@ runs the pipeline threads of its ModelService (service.py), found or started by 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
+import select
 import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -68,6 +71,10 @@ class SidecarServer:
         self._last_activity = time.monotonic()
         self._activity_lock = threading.Lock()
         self._stop = threading.Event()
+        # Written to when `_stop` is set, so the main thread's wait ends at once rather than at its next watch:
+        # the driver waits for a stopped sidecar's process at the end of every job (launcher.stop_sidecars).
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_writer.setblocking(False)
         self._progress_sent = 0.0  # when PROGRESS last went out (monotonic)
         if settings.lock_fd is not None:
             os.set_inheritable(settings.lock_fd, False)  # held by this process alone, never by its children
@@ -128,12 +135,15 @@ class SidecarServer:
             if self._retired is None:
                 self._retired = reason
                 log.error("retiring: the device is unusable: %s", reason)
-        self._stop.set()
+        self.stop()  # the main thread then waits for the ERRORs still to come (_drain)
 
     # --- main thread ---
 
     def stop(self, *_args) -> None:
+        """Exit the main loop now (SIGTERM and SIGINT call this, and `retire`)."""
         self._stop.set()
+        with contextlib.suppress(OSError):  # a full buffer already holds a wake-up
+            self._wake_writer.send(b"\0")
 
     def serve_forever(self) -> None:
         lifecycle.check_directories(self.settings.socket_path, self.settings.info_path)
@@ -147,15 +157,20 @@ class SidecarServer:
             log.info("serving on %s (device %s, pid %d)", self.settings.socket_path, self.device, os.getpid())
             while not self._stop.is_set():
                 # Wake for the next PROGRESS too, so its interval holds and clients' slack stays one interval.
-                listener.settimeout(min(WATCH_INTERVAL_S, self._send_progress(time.monotonic())))
-                try:
-                    sock, _ = listener.accept()
-                except TimeoutError:
+                wait_s = min(WATCH_INTERVAL_S, self._send_progress(time.monotonic()))
+                readable, _, _ = select.select([listener, self._wake_reader], [], [], wait_s)
+                if self._wake_reader in readable:
+                    continue  # stopped: the loop's condition ends it
+                if not readable:
                     self.services.evict_idle()
                     reason, final = self._exit_reason()
                     if reason:
                         log.info("exiting: %s", reason)
                         return
+                    continue
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:  # the client gave up between the two calls
                     continue
                 conn = Connection(sock, self)
                 with self._activity_lock:
@@ -171,7 +186,8 @@ class SidecarServer:
                 log.info("exiting: asked to stop")
                 final = True
         finally:
-            listener.close()
+            for closing in (listener, self._wake_reader, self._wake_writer):
+                closing.close()
             lifecycle.remove_files(self.settings.info_path, self.settings.socket_path, final)
 
     @property
@@ -179,12 +195,14 @@ class SidecarServer:
         return self._retired is not None
 
     def _drain(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for every connection's queued replies to go out."""
+        """Wait up to `timeout_s` until every request read so far is answered and its reply sent. The failed
+        batch's ERRORs are queued after `retire` has woken this thread (service._fail tells it first), so
+        replies already queued are not enough."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._activity_lock:
                 connections = list(self._connections)
-            if all(conn.drained() for conn in connections):
+            if all(conn.drained() and not conn.waiting() for conn in connections):
                 return
             time.sleep(0.05)
 
@@ -201,9 +219,9 @@ class SidecarServer:
         return lifecycle.exit_reason(gone, connections, idle_for_s, self.settings.idle_timeout_s)
 
 
-def run(settings: SidecarSettings) -> None:
+def run(settings: SidecarSettings) -> NoReturn:
+    """Serve until a reason to exit, then end the process (lifecycle.exit_process)."""
     server = SidecarServer(settings)
     lifecycle.stop_on_signals(server.stop)
     server.serve_forever()
-    if server.retired:
-        lifecycle.exit_retired()
+    lifecycle.exit_process(server.retired)

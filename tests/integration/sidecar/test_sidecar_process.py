@@ -37,7 +37,7 @@ from spark_cnn.task.launcher import (
     find_sidecars,
     stop_sidecars,
 )
-from spark_cnn.task.procs import ProcessId, cmdline, is_alive
+from spark_cnn.task.procs import ProcessId, cmdline, is_alive, process_id
 from spark_cnn.task.protocol import Kind
 from spark_cnn.task.sidecar_env import sidecar_environment
 from tests.sidecar_harness import (
@@ -380,6 +380,34 @@ def test_stop_sidecars_waits_for_a_sidecar_on_its_way_out(app):
     assert stop_sidecars(app.app_id) == 0  # none was serving
 
     assert gone(info.pid)
+
+
+@pytest.mark.parametrize("ending", ["asked to stop", "executor gone"])
+def test_a_sidecar_that_ends_exits_0_with_its_files_removed_and_its_last_log_line_out(app, ending):
+    """The sidecar ends without the interpreter's teardown (lifecycle.exit_process): a clean status, its files
+    removed, and its last log line written before the process is gone."""
+    executor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    base = os.path.join(launcher.runtime_dir(), f"direct-{uuid.uuid4().hex[:8]}")
+    sidecar = subprocess.Popen(
+        [sys.executable, "-m", "spark_cnn.sidecar", "--socket", base + ".sock", "--info", base + ".json",
+         "--device", "cpu", "--app-id", app.app_id, "--watch-pid", str(executor.pid),
+         "--watch-start-time", str(process_id(executor.pid).start_time)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sidecar_environment())
+    try:
+        assert wait_until(lambda: os.path.exists(base + ".json"), FAILED_START_BOUND_S) is not None
+        if ending == "asked to stop":
+            sidecar.send_signal(signal.SIGTERM)
+        else:
+            executor.kill()
+        output, _ = sidecar.communicate(timeout=EXIT_WAIT_S)
+    finally:
+        for process in (sidecar, executor):
+            process.kill()
+            process.wait()
+    assert sidecar.returncode == 0, output[-2000:]
+    assert not os.path.exists(base + ".sock") and not os.path.exists(base + ".json")
+    expected = "asked to stop" if ending == "asked to stop" else f"executor process {executor.pid} is gone"
+    assert output.splitlines()[-1].endswith(f"exiting: {expected}"), output[-2000:]
 
 
 def test_request_to_an_exited_sidecar_raises_sidecar_error(app, endpoint):
