@@ -72,10 +72,14 @@ class Timing:
         return (self.median_s - self.best_s) / self.best_s if self.best_s > 0 else 0.0
 
     def typical_without_faults_s(self, fault_s: float) -> float:
-        """The median call (the upper one of an even count) once each call's own page faults are taken out,
-        as best_without_faults_s does."""
+        """The median call once each call's own page faults are taken out, as best_without_faults_s does; of an
+        even count, the mean of the middle two. A long point has two calls: taking the upper of them priced it
+        in whichever slow spell either call met, so under load that switches on and off long points came out
+        dearer than short ones, whose calls sit in one spell (resnet18's batch 32 at 4.1-4.7 times its batch 8
+        against 3.5-3.9 measured; docs/perf-model-journal.md, "The long calls' statistic")."""
         corrected = sorted(max(t - f * fault_s, 0.05 * t) for t, f in zip(self.seconds, self.faults, strict=True))
-        return corrected[len(corrected) // 2]
+        middle = len(corrected) // 2
+        return corrected[middle] if len(corrected) % 2 else (corrected[middle - 1] + corrected[middle]) / 2
 
     def best_without_faults_s(self, fault_s: float) -> float:
         """The fastest call once each call's own page faults (at `fault_s` each) are taken out. Faults come

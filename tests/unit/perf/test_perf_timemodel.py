@@ -130,9 +130,10 @@ def test_calibration_prices_a_point_at_its_typical_call_without_its_faults():
     timing = Timing(seconds=(10e-6, 12e-6, 30e-6, 11e-6), faults=(0, 4, 0, 0))
     bench = Bench(torch.device("cpu"), Budget(1.0))
     bench.fault_us = 0.5
-    assert bench.us_without_faults(timing) == pytest.approx(11.0)  # of 10, 10, 11, 30: the upper median
+    assert bench.us_without_faults(timing) == pytest.approx(10.5)  # of 10, 10, 11, 30: the middle two's mean
     assert timing.best_without_faults_s(0.5e-6) == pytest.approx(10e-6)
-    assert Timing(seconds=(0.2, 0.1), faults=(0, 0)).typical_without_faults_s(0.0) == 0.2  # two long calls
+    assert Timing(seconds=(0.2, 0.1), faults=(0, 0)).typical_without_faults_s(0.0) == pytest.approx(0.15)  # long
+    assert Timing(seconds=(0.3, 0.1, 0.2), faults=(0, 0, 0)).typical_without_faults_s(0.0) == 0.2
 
 
 # --- torch's convolution backend ---------------------------------------------------------------------------
