@@ -300,20 +300,12 @@ def stop_sidecars(app_id: str, timeout_s: float = 10.0) -> int:
     """SIGTERM this host's sidecars of `app_id` and wait until every sidecar process of it is gone, including one
     already on its way out (its executor ended: its files are gone, its interpreter still tears down) or still
     starting (no info file yet). Returns how many serving sidecars it stopped."""
-    targets = set()
-    for info in find_sidecars(app_id):
-        args = " ".join(cmdline(info.pid))
-        if "spark_cnn.sidecar" in args:  # never signal a process that merely reused the pid
-            try:
-                os.kill(info.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue  # it exited on its own meanwhile
-            targets.add(info.pid)
-    stopped = len(targets)
-    for pid in set(sidecar_processes(app_id)) - targets:  # no info file: starting (ends too) or exiting
+    serving = {info.pid for info in find_sidecars(app_id)}  # each checked to run a sidecar (no reused pid)
+    targets, stopped = serving | set(sidecar_processes(app_id)), 0
+    for pid in targets:
         with suppress(ProcessLookupError):  # it exited since it was listed
             os.kill(pid, signal.SIGTERM)
-        targets.add(pid)
+            stopped += pid in serving
     deadline = time.monotonic() + timeout_s
     while targets and time.monotonic() < deadline:
         targets = {pid for pid in targets if is_alive(ProcessId(pid, 0))}
