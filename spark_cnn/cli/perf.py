@@ -17,6 +17,9 @@ WEIGHTS_HELP = ("state_dict file or weights name, as classify takes (time does n
 STRICT_HELP = ("refuse a calibration whose repeated measurements disagree beyond 10%% (a busy host) or whose "
                "transcendental operators time implausibly slow, instead of keeping it with its measured spread and a "
                "warning; a cached noisy profile is measured again")
+POOL_HELP = ("how many of this device's latest calibrations on this host the cached profile pools, each point their "
+             "median (default 5; 1: a new calibration alone); one calibration prices each point in whatever spell of "
+             "a shared host it met")
 ALLOW_NOISY_HELP = "deprecated, no effect: noisy calibrations are kept by default (--strict refuses them)"
 ALLOW_NOISY_DEPRECATED = ("spark-cnn: warning: --allow-noisy-calibration is deprecated and does nothing: noisy "
                           "calibrations are kept by default; drop it (--strict refuses them)")
@@ -37,8 +40,9 @@ def register(commands) -> None:
     profile.add_argument("--validate", action="store_true", help="also measure each batch size and report errors")
     profile.add_argument("--recalibrate", action="store_true", help="measure the device again")
     profile.add_argument("--calibration-seconds", type=float,
-                         help="time calibration may take when the device has no cached profile (default 45)")
+                         help="time calibration may take when the device has no cached profile (default 55)")
     profile.add_argument("--strict", action="store_true", help=STRICT_HELP)
+    profile.add_argument("--pool", type=int, metavar="N", help=POOL_HELP)
     profile.add_argument("--allow-noisy-calibration", action="store_true", help=ALLOW_NOISY_HELP)
     profile.add_argument("--export", metavar="FILE",
                          help="write the device's calibration here, for `plan --device-profile FILE` and jobs' "
@@ -63,7 +67,7 @@ def register(commands) -> None:
     plan.add_argument("--threads", type=int, help="torch CPU threads of the calibration (default: the sidecar's, "
                                                   "half the cores)")
     plan.add_argument("--calibration-seconds", type=float,
-                      help="time calibration may take when the device has no cached profile (default 45)")
+                      help="time calibration may take when the device has no cached profile (default 55)")
     plan.add_argument("--strict", action="store_true", help=STRICT_HELP + " (ignored with --device-profile)")
     plan.add_argument("--allow-noisy-calibration", action="store_true", help=ALLOW_NOISY_HELP)
     plan.add_argument("--json", help="write the plan here")
@@ -80,7 +84,7 @@ def run_profile(args: argparse.Namespace) -> int:
                           "or both")
     if args.export is not None:
         exported = export_device(args.device, args.export, threads=args.threads, refresh=args.recalibrate,
-                                 calibration_s=args.calibration_seconds, strict=args.strict)
+                                 calibration_s=args.calibration_seconds, strict=args.strict, pool=args.pool)
         print(export_report(exported))
         if args.model is None:
             write_json(args.json, exported)
@@ -92,7 +96,7 @@ def run_profile(args: argparse.Namespace) -> int:
     result = profile_model(ModelSpec(args.model, weights=args.weights), device=args.device, batch_sizes=sizes,
                            validate=args.validate, threads=args.threads, tuning=args.tuning,
                            refresh=args.recalibrate and args.export is None, calibration_s=args.calibration_seconds,
-                           strict=args.strict)
+                           strict=args.strict, pool=args.pool)
     print(profile_report(result))
     write_json(args.json, result)
     if args.plot:

@@ -36,7 +36,7 @@ def _model_and_cost(spec: ModelSpec):
 def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                   validate: bool = False, threads: int | None = None, tuning: str = "performance",
                   memory_budget_bytes: int | None = None, refresh: bool = False,
-                  calibration_s: float | None = None, strict: bool = False) -> dict:
+                  calibration_s: float | None = None, strict: bool = False, pool: int | None = None) -> dict:
     """The profile JSON: {"model", "device", "points": [{batch_size, predicted_ms, predicted_ms_low,
     predicted_ms_high, measured_ms?}], "mape", "chosen_batch_size"}, plus the per-layer table, the tuner's
     reasoning and, with `validate`, the measured best batch and how close the pick came to it. The interval
@@ -47,7 +47,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", batch_sizes: Sequence
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"--batch-sizes {batch_sizes}: expected positive integers")
     module, shape, cost, weights = _model_and_cost(spec)
-    profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s))
+    profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s, pool))
     curve = [CurvePoint(b, predict_batch_ms(cost, profile, b), predict_peak_memory_bytes(cost, b))
              for b in sorted(set(batch_sizes))]
     choice = choose_batch_size(curve, mode=tuning, memory_budget_bytes=memory_budget_bytes)
@@ -127,14 +127,14 @@ def _measured_line(result: dict) -> str:
 
 
 def export_device(device: str, path: str, *, threads: int | None = None, refresh: bool = False,
-                  calibration_s: float | None = None, strict: bool = False) -> dict:
+                  calibration_s: float | None = None, strict: bool = False, pool: int | None = None) -> dict:
     """Calibrate `device` (or take its cached profile) and write it to `path` for `plan --device-profile` and
     jobs' `--device-profile` on other hosts. Returns what was written: {"file", "device", "device_name", ...}."""
     from spark_cnn.perf.profile import export_path, export_profile
     from spark_cnn.perf_tools.calibration import calibrate
 
     path = export_path(path)  # a missing folder stops before the calibration, not after
-    profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s))
+    profile = calibrate(device, threads=threads, refresh=refresh, strict=strict, **_budget(calibration_s, pool))
     written = export_profile(profile, path)
     return {"device": profile.key, "device_name": profile.device_name, **_profile_origin(profile, written)}
 
@@ -167,13 +167,16 @@ def plot_profile(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def _budget(calibration_s: float | None) -> dict:
-    """calibrate()'s keyword arguments: the time it may take, and the cache folder ($SPARK_CNN_CACHE_DIR)."""
+def _budget(calibration_s: float | None, pool: int | None = None) -> dict:
+    """calibrate()'s keyword arguments: the time it may take, the cache folder ($SPARK_CNN_CACHE_DIR) and how
+    many calibrations the cached profile pools (None: calibrate's default)."""
     from spark_cnn.perf.startpoint import profile_cache_dir
 
-    options = {"cache_dir": profile_cache_dir()}
+    options: dict = {"cache_dir": profile_cache_dir()}
     if calibration_s is not None:
         options["budget_s"] = calibration_s
+    if pool is not None:
+        options["pool"] = pool
     return options
 
 

@@ -6,6 +6,10 @@ host whose speed changes from one moment to the next they share whatever spell t
 fastest, of every calibration that timed it) gives what the time model would predict from a calibration that saw
 the host at many moments, so a sweep's stored measurements can be judged against it without measuring anything
 again (`spark-cnn validate --judge-pooled`; docs/benchmarks.md, "A calibration that is never cut").
+
+`calibrate()` does the same for a device's cached profile: each calibration is kept, and the cached profile pools
+the latest POOL_RUNS of them that `poolable_runs` (pure) accepts beside the newest (docs/perf-model.md,
+"A profile pooled over calibrations").
 """
 
 from __future__ import annotations
@@ -18,9 +22,41 @@ from typing import Any
 from spark_cnn.errors import ConfigError
 from spark_cnn.perf.profile import DeviceProfile
 
-__all__ = ["STATISTICS", "pool_profiles"]
+__all__ = ["POOL_RUNS", "STATISTICS", "pool_profiles", "poolable_runs"]
 
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
+# Calibrations a device's cached profile pools by default: its latest five, the median of each point. Two
+# calibrations made back to back on the development guest judged the same measurements of a network a median 7.4
+# points of MAPE apart (ten networks); judged offline against the median of the last five calibrations made up to
+# each network, 4 of 5 stored sweeps of the generated set met issue 36's targets, against 2 of 5 against each
+# network's own (docs/perf-model-journal.md, "One calibration, or five").
+POOL_RUNS = 5
+
+
+def poolable_runs(runs: Sequence[DeviceProfile], newest: DeviceProfile, pool: int) -> list[DeviceProfile]:
+    """The runs to pool with `newest` (itself included, first): the latest `pool` - 1 others of its host, clock
+    and grid revision, newest first. A run of another host (a cache folder shared between machines), timed by
+    another clock (thread CPU time is not wall time) or of an older grid is never pooled with it.
+
+    >>> from types import SimpleNamespace as Run
+    >>> a, b, c, d = (Run(key="k", host="h", notes=(), conv_grid=1, created=t) for t in ("01", "02", "03", "04"))
+    >>> [p.created for p in poolable_runs([a, b, c, d], d, 3)]
+    ['04', '03', '02']
+    >>> elsewhere = Run(key="k", host="other", notes=(), conv_grid=1, created="05")
+    >>> [p.created for p in poolable_runs([a, b, c, elsewhere], elsewhere, 5)], poolable_runs([a], b, 1) == [b]
+    (['05'], True)
+    """
+    if pool < 1:
+        raise ConfigError(f"pool: the calibrations to pool must be at least 1 (this one alone), got {pool}")
+    def kin(run: DeviceProfile) -> tuple:
+        return (run.key, run.host, _clock_of(run), run.conv_grid)
+    others = sorted((run for run in runs if run.created != newest.created and kin(run) == kin(newest)),
+                    key=lambda run: run.created, reverse=True)
+    return [newest, *others[:pool - 1]]
+
+
+def _clock_of(profile: DeviceProfile) -> str:
+    return next((note.split()[1] for note in profile.notes if note.startswith("clock: ")), "wall")
 
 _CONV_KEY = ("cin", "cout", "kernel", "stride", "groups", "in_hw", "batch")
 _GEMM_KEY = ("rows", "in_features", "out_features")

@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="calibrate again before each model, so that the profile and the measurements see "
                              "the same conditions (a busy host, or one whose speed drifts by the hour); with "
                              "--zoo each network is judged against its own calibration, kept beside --json")
+    parser.add_argument("--pool", type=int, default=None, metavar="N",
+                        help="each calibration (--refresh, --calibrate-each) caches the device's latest N pooled, "
+                             "each point their median (default 5; 1: each calibration alone)")
     parser.add_argument("--clock", choices=sorted(timing.CLOCKS), default="wall",
                         help="time wall-clock (default) or the computing thread's CPU time (steadier on a busy "
                              "host; also used for calibrating with --refresh or --calibrate-each)")
@@ -74,8 +77,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--batch-sizes {args.batch_sizes}: expected positive integers")
 
     def profile_now(refresh: bool = args.refresh or args.calibrate_each):
+        pool = {} if args.pool is None else {"pool": args.pool}
         return calibrate("cpu", threads=args.threads, cache_dir=args.cache_dir or profile_cache_dir(),
-                         refresh=refresh, clock=args.clock)
+                         refresh=refresh, clock=args.clock, **pool)
     if args.zoo or args.heldout or args.generated:
         return _run_zoo(args, batch_sizes, profile_now)
     return _run_models(args, batch_sizes, profile_now)

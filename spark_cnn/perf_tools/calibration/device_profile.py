@@ -5,7 +5,9 @@ A profile is JSON under `~/.cache/spark_cnn/devices/` named by its key (CPU mode
 version; or GPU name), and `calibrate` reuses it unless `refresh=True` or a job marked it stale
 (spark_cnn.perf.profile.mark_stale). Each run times a sample of its benchmarks again and is repeated when they disagree,
 then kept with its spread and a warning (refused when strict; repeatability.py); the profile records that and
-the host's load while it ran (host_load.py).
+the host's load while it ran (host_load.py). Each run is also kept beside the cache (`<key>.runs/`), and the
+cached profile pools the latest `pool` of them, each point their median (pooled_profile.py): one run prices
+each point in whatever spell of the host it met. A profile a job marked stale forgets its runs.
 The benchmarks run in a process with the sidecar's malloc settings (spark_cnn.task.sidecar_env), as the sidecar
 and validation do: calibrate() starts one when the calling process has other settings.
 """
@@ -47,12 +49,13 @@ from spark_cnn.perf_tools.calibration.host_load import load_between, snapshot, t
 from spark_cnn.perf_tools.calibration.repeatability import NoisyCalibration, SampledBench, noisy_warning, steady
 from spark_cnn.perf_tools.calibration.stage_bench import time_decode, time_h2d, time_sidecar_stages
 from spark_cnn.perf_tools.child_env import sidecar_child_env
+from spark_cnn.perf_tools.pooled_profile import POOL_RUNS, pool_profiles, poolable_runs
 from spark_cnn.task.sidecar_env import RETAINED, allocator_of, cpu_threads
 
 # The profile's data, its key and its cache file are the runtime's (spark_cnn.perf.profile, .device_key); the
 # names below that come from there are kept for calibration's callers.
-__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE_VERSION", "DeviceProfile",
-           "calibrate", "device_key"]
+__all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "POOL_KEPT", "POOL_RUNS", "PROFILE_VERSION",
+           "DeviceProfile", "calibrate", "device_key", "runs_dir"]
 
 # Calibration should take under a minute on a CPU (each section stops at its deadline). 55 s, with the repeat
 # at the end and the process's start, keeps within that and fits the whole calibration on the slowest host
@@ -60,13 +63,15 @@ __all__ = ["DEFAULT_BUDGET_S", "DEFAULT_CACHE_DIR", "GPU_MAX_BUDGET_S", "PROFILE
 DEFAULT_BUDGET_S = 55.0
 # ... and under half a minute on a GPU: a CUDA calibration is capped at 25 s whatever budget it is given.
 GPU_MAX_BUDGET_S = 25.0
+# Runs kept beside a cached profile, whatever `pool` a call asks for (about 80 KB each on a CPU).
+POOL_KEPT = 10
 
 _log = logging.getLogger(__name__)
 
 
 def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: float = DEFAULT_BUDGET_S,
               cache_dir: str | None = None, refresh: bool = False, clock: str = "wall",
-              strict: bool = False) -> DeviceProfile:
+              strict: bool = False, pool: int = POOL_RUNS) -> DeviceProfile:
     """The DeviceProfile of `device` with `threads` torch threads (CPU; default: the sidecar's, half the
     cores), from the cache under `cache_dir` unless `refresh`, else measured in about `budget_s` seconds
     (at most GPU_MAX_BUDGET_S on CUDA) and cached. `clock` (CLOCKS; "cpu" on the CPU only) is what the
@@ -76,6 +81,9 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     A cached profile a job marked stale is measured again. A run whose repeated sample disagrees is run once
     more, then kept with its measured spread (`DeviceProfile.spread`, `noisy`) and one warning logged, or
     refused (repeatability.NoisyCalibration) when `strict`; a strict call measures a cached noisy profile again.
+    What is cached and returned pools the new run with up to `pool` - 1 earlier runs of this device on this host
+    (pooled_profile.poolable_runs; 1: the new run alone), each point their median; its other fields are the new
+    run's. Earlier runs are forgotten when the cached profile was marked stale: they may share its load.
 
     >>> calibrate("cpu", threads=1, budget_s=1.0, cache_dir="/tmp/x").threads   # doctest: +SKIP
     1
@@ -88,6 +96,8 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     if clock not in CLOCKS or (clock == "cpu" and resolved.type != "cpu"):
         raise ConfigError(f"calibrate: clock must be one of {', '.join(CLOCKS)} ('cpu' on the CPU only), "
                           f"got {clock!r}")
+    if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1:
+        raise ConfigError(f"calibrate: pool must be a positive integer (1: this calibration alone), got {pool!r}")
     threads = cpu_threads(threads)
     if clock == "cpu" and threads != 1:
         raise ConfigError(f"calibrate: clock 'cpu' times the calling thread: it needs threads=1, not {threads}")
@@ -104,21 +114,67 @@ def calibrate(device: str = "cpu", *, threads: int | None = None, budget_s: floa
     if resolved.type == "cuda":
         budget_s = min(budget_s, GPU_MAX_BUDGET_S)
     elif _needs_sidecar_allocator():
-        return _warned(_calibrate_in_child(device, threads, float(budget_s), path, clock, strict))
+        return _warned(_calibrate_in_child(device, threads, float(budget_s), path, clock, strict, pool))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        profile = steady(lambda: _run(resolved, threads, key, float(budget_s), clock), what=str(resolved),
-                         strict=strict)
+        run = steady(lambda: _run(resolved, threads, key, float(budget_s), clock), what=str(resolved),
+                     strict=strict)
     finally:
         torch.set_num_threads(previous)
+    if stale_reason(path) is not None:
+        _forget_runs(path)
+    profile = _pooled(run, path, pool)
+    _write(path, profile.to_json())
+    clear_stale(path)
+    return _warned(profile)
+
+
+def runs_dir(path: str) -> str:
+    """Where the runs behind the cached profile at `path` are kept, one file each."""
+    return f"{os.path.splitext(path)[0]}.runs"
+
+
+def _pooled(run: DeviceProfile, path: str, pool: int) -> DeviceProfile:
+    """Keep `run` beside the cache; `run` pooled with the earlier runs that poolable_runs takes (itself alone
+    when none). Runs beyond the latest POOL_KEPT, and unreadable ones, are deleted."""
+    folder = runs_dir(path)
+    _write(os.path.join(folder, f"{run.created.replace(':', '')}-{os.getpid()}.json"), run.to_json())
+    runs = []
+    for name in sorted(os.listdir(folder)):
+        file = os.path.join(folder, name)
+        try:
+            with open(file) as f:
+                runs.append((DeviceProfile.from_json(f.read()), file))
+        except (OSError, ConfigError):  # of another version, or half written by a process killed meanwhile
+            if name.endswith(".json"):
+                _remove(file)
+    runs.sort(key=lambda pair: pair[0].created, reverse=True)
+    for _, file in runs[POOL_KEPT:]:
+        _remove(file)
+    chosen = poolable_runs([r for r, _ in runs[:POOL_KEPT]], run, pool)
+    return run if len(chosen) == 1 else pool_profiles(chosen, "median")
+
+
+def _forget_runs(path: str) -> None:
+    folder = runs_dir(path)
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        _remove(os.path.join(folder, name))
+
+
+def _write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.{os.getpid()}.tmp"
     with open(partial, "w") as f:
-        f.write(profile.to_json())
+        f.write(text)
     os.replace(partial, path)
-    clear_stale(path)
-    return _warned(profile)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def _warned(profile: DeviceProfile) -> DeviceProfile:
@@ -156,15 +212,16 @@ def _needs_sidecar_allocator() -> bool:
 
 
 def _calibrate_in_child(device: str, threads: int, budget_s: float, path: str, clock: str,
-                        strict: bool) -> DeviceProfile:
+                        strict: bool, pool: int) -> DeviceProfile:
     """calibrate() in a fresh process started with the sidecar's malloc settings; it writes the cache file."""
     env = sidecar_child_env(**{_IN_CHILD_ENV: "1"})
     code = ("import sys; from spark_cnn.perf_tools.calibration import calibrate; "
             "calibrate(sys.argv[1], threads=int(sys.argv[2]), budget_s=float(sys.argv[3]), "
-            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5], strict=sys.argv[6] == '1')")
+            "cache_dir=sys.argv[4], refresh=True, clock=sys.argv[5], strict=sys.argv[6] == '1', "
+            "pool=int(sys.argv[7]))")
     done = subprocess.run([sys.executable, "-c", code, device, str(threads), repr(budget_s),
-                           os.path.dirname(path), clock, "1" if strict else "0"], env=env, capture_output=True,
-                          text=True)
+                           os.path.dirname(path), clock, "1" if strict else "0", str(pool)], env=env,
+                          capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         if tail[0].startswith(f"{NoisyCalibration.__module__}.{NoisyCalibration.__name__}: "):
