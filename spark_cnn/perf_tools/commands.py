@@ -262,13 +262,26 @@ def _profile_origin(profile, path: str | None) -> dict:
     return {"file": path, "host": profile.host or None, "created": profile.created,
             "torch_version": profile.torch_version, "version": profile.version, "threads": profile.threads,
             "load": dict(profile.load), "load_summary": describe_load(profile.load),
-            "repeatability": dict(profile.repeatability), "spread": profile.spread, "noisy": profile.noisy}
+            "repeatability": dict(profile.repeatability), "spread": profile.spread, "noisy": profile.noisy,
+            "pooled_runs": _pooled_runs(profile.notes)}
+
+
+def _pooled_runs(notes) -> int:
+    """How many calibrations a profile pools (pooled_profile.pool_profiles' note; 1 without one).
+
+    >>> _pooled_runs(("allocator: retained", "pooled: each point the median over 4 calibrations of cpu-x"))
+    4
+    """
+    note = next((n for n in notes if n.startswith("pooled: ")), None)
+    return int(note.split(" over ")[1].split()[0]) if note else 1
 
 
 def trust_line(origin: dict) -> str:
     """One line: which calibration, where and when, how busy its host was, how well it repeated (and a
     warning line when it was busy or kept noisy)."""
     where = f"from {origin['file']}" if origin.get("file") else "cached"
+    if origin.get("pooled_runs", 1) > 1:
+        where += f" (each point the median of its latest {origin['pooled_runs']} runs; the newest's fields)"
     rep = origin.get("repeatability") or {}
     repeat = (f"repeated within {rep['median_pct']}% (median of {rep['points']}; bound {rep['bound_pct']}%)"
               if rep.get("points") else "repeatability not recorded")

@@ -13,6 +13,7 @@ import pytest
 from spark_cnn.cli import build_parser
 from spark_cnn.errors import ConfigError
 from spark_cnn.perf.profile import cache_file, mark_stale
+from spark_cnn.perf_tools import commands
 from spark_cnn.perf_tools.calibration import device_profile
 from spark_cnn.perf_tools.pooled_profile import POOL_RUNS
 from tests.perf_doubles import synthetic_profile
@@ -62,6 +63,9 @@ def test_the_cached_profile_is_the_median_of_the_latest_runs_of_this_host(tmp_pa
     assert third.notes[-1].startswith("pooled: each point the median over 3 calibrations")
     curve_point = third.curves["relu"][0][1] / synthetic_profile().curves["relu"][0][1]
     assert curve_point == pytest.approx(1.2, rel=1e-3)
+    line = commands.trust_line(commands._profile_origin(third, None))
+    assert line.startswith("calibration cached (each point the median of its latest 3 runs; the newest's fields)")
+    assert "median of its latest" not in commands.trust_line(commands._profile_origin(first, None))
     with open(cache_file(str(tmp_path), KEY)) as f:  # what later jobs read is the pooled profile
         assert f.read() == third.to_json()
     assert len(os.listdir(device_profile.runs_dir(cache_file(str(tmp_path), KEY)))) == 3
