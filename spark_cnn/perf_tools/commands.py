@@ -258,22 +258,13 @@ def plan_job(spec: ModelSpec, *, images: int, executors: int, cores: int | None 
 def _profile_origin(profile, path: str | None) -> dict:
     """Where a plan's profile came from and how far to trust it: file or cache, host, date, load, repeatability."""
     from spark_cnn.perf_tools.calibration import describe_load
+    from spark_cnn.perf_tools.pooled_profile import pooled_runs
 
     return {"file": path, "host": profile.host or None, "created": profile.created,
             "torch_version": profile.torch_version, "version": profile.version, "threads": profile.threads,
             "load": dict(profile.load), "load_summary": describe_load(profile.load),
             "repeatability": dict(profile.repeatability), "spread": profile.spread, "noisy": profile.noisy,
-            "pooled_runs": _pooled_runs(profile.notes)}
-
-
-def _pooled_runs(notes) -> int:
-    """How many calibrations a profile pools (pooled_profile.pool_profiles' note; 1 without one).
-
-    >>> _pooled_runs(("allocator: retained", "pooled: each point the median over 4 calibrations of cpu-x"))
-    4
-    """
-    note = next((n for n in notes if n.startswith("pooled: ")), None)
-    return int(note.split(" over ")[1].split()[0]) if note else 1
+            "pooled_runs": pooled_runs(profile)}
 
 
 def trust_line(origin: dict) -> str:

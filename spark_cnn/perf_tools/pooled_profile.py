@@ -22,7 +22,7 @@ from typing import Any
 from spark_cnn.errors import ConfigError
 from spark_cnn.perf.profile import DeviceProfile
 
-__all__ = ["POOL_RUNS", "STATISTICS", "pool_profiles", "poolable_runs"]
+__all__ = ["POOL_RUNS", "STATISTICS", "pool_profiles", "poolable_runs", "pooled_runs"]
 
 STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistics.median, "min": min}
 # Calibrations a device's cached profile pools by default: its latest five, the median of each point. Two
@@ -31,6 +31,7 @@ STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {"median": statistic
 # each network, 4 of 5 stored sweeps of the generated set met issue 36's targets, against 2 of 5 against each
 # network's own (docs/perf-model-journal.md, "One calibration, or five").
 POOL_RUNS = 5
+_POOLED_NOTE = "pooled: "
 
 
 def poolable_runs(runs: Sequence[DeviceProfile], newest: DeviceProfile, pool: int) -> list[DeviceProfile]:
@@ -53,6 +54,17 @@ def poolable_runs(runs: Sequence[DeviceProfile], newest: DeviceProfile, pool: in
     others = sorted((run for run in runs if run.created != newest.created and kin(run) == kin(newest)),
                     key=lambda run: run.created, reverse=True)
     return [newest, *others[:pool - 1]]
+
+
+def pooled_runs(profile: DeviceProfile) -> int:
+    """How many calibrations `profile` pools (pool_profiles' note), 1 when it is a calibration alone.
+
+    >>> from types import SimpleNamespace as Profile
+    >>> pooled_runs(Profile(notes=("cpu capability: AVX512", "pooled: each point the median over 4 calibrations of k")))
+    4
+    """
+    note = next((n for n in profile.notes if n.startswith(_POOLED_NOTE)), None)
+    return int(note.split(" over ")[1].split()[0]) if note else 1
 
 
 def _clock_of(profile: DeviceProfile) -> str:
@@ -91,7 +103,7 @@ def pool_profiles(profiles: Sequence[DeviceProfile], statistic: str) -> DevicePr
             for nbytes, us in p.curves.get(kind, ()):
                 by_bytes.setdefault(nbytes, []).append(us)
         curves[kind] = tuple((nbytes, of(times)) for nbytes, times in sorted(by_bytes.items()))
-    note = f"pooled: each point the {statistic} over {len(profiles)} calibrations of {latest.key}"
+    note = f"{_POOLED_NOTE}each point the {statistic} over {len(profiles)} calibrations of {latest.key}"
     return replace(latest, conv=conv, gemm=gemm, curves=curves, notes=(*latest.notes, note))
 
 

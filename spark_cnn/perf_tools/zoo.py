@@ -445,6 +445,7 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
     (`own_profile(name)`, see `own_profiles`) or else of `profile`, with its attribution by operator kind
     where its layers were timed; the summary over the zoo."""
     from spark_cnn.perf.timemodel import layer_kind, predict_layers_ms
+    from spark_cnn.perf_tools.pooled_profile import pooled_runs
     from spark_cnn.perf_tools.validate import compare
 
     cost_of = cost_of or _cost_of(tuple(state["settings"]["input_shape"]))
@@ -464,7 +465,7 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
         result = compare(name, cost, profile, runs, spreads, entry["allocator"])
         loads = [x for point in entry["load"] for x in point[1:]]
         result.update(gflops=entry.get("gflops"), load=[min(loads), max(loads)] if loads else None,
-                      own_profile=profile is not common)
+                      own_profile=profile is not common, pooled_runs=pooled_runs(profile))
         layers = entry.get("layers")
         if layers and "ms" in layers:
             rows = [(layer, ms) for layer, ms, _ in predict_layers_ms(cost, profile, batch,
@@ -476,7 +477,8 @@ def judge(state: dict[str, Any], profile: Any, *, cost_of: Callable[[str], Any] 
         results.append(result)
     return {"results": results, "summary": summarise(results), "kinds": kinds_over_zoo(results),
             "failed": dict(state["failed"]), "profile": common.key,
-            "own_profiles": sum(1 for r in results if r["own_profile"])}
+            "own_profiles": sum(1 for r in results if r["own_profile"]),
+            "pooled_runs": sorted({r["pooled_runs"] for r in results if r["own_profile"]})}
 
 
 def _cost_of(input_shape: tuple[int, ...]) -> Callable[[str], Any]:
@@ -504,6 +506,10 @@ def markdown(judged: dict[str, Any], *, max_gflops: float, batch_sizes: Sequence
     against = (f"each network against the calibration made just before it ({own} of {s['networks']}; the rest "
                f"against the common one)" if 0 < own < s["networks"] else
                "each network against the calibration made just before it" if own else "one calibration")
+    pooled = judged.get("pooled_runs") or [1]
+    if own and pooled[-1] > 1:
+        counts = str(pooled[0]) if len(pooled) == 1 else f"{pooled[0]}-{pooled[-1]}"
+        against += f", as the device's cached profile pooled it (each point the median of its latest {counts} runs)"
     networks = networks or f"{s['networks']} networks under {max_gflops:g} GFLOPs per 224 px image"
     lines += [f"{networks}, batch sizes {sizes}, {clock} clock, profile {judged['profile']}, {against}.", "",
               f"| model | GFLOPs | MAPE batch >= 8 | MAPE {sizes} | worst point | tuner pick: % of best measured "

@@ -286,7 +286,9 @@ def test_a_networks_own_profile_is_a_file_name_every_system_takes(tmp_path):
 
 def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp_path):
     path = str(tmp_path / "zoo.json")
-    fast, slow = synthetic_profile(key="fast", conv_call_us=20.0), synthetic_profile(key="slow", conv_call_us=2000.0)
+    fast = synthetic_profile(key="fast", conv_call_us=20.0)
+    slow = synthetic_profile(key="slow", conv_call_us=2000.0,
+                             notes=("pooled: each point the median over 3 calibrations of slow",))
     made = iter([fast, slow, synthetic_profile(key="third")])
     calls, log = [], []
 
@@ -317,7 +319,9 @@ def test_calibrating_before_each_network_judges_each_against_its_own_profile(tmp
     predicted = {m: {p["batch_size"]: p["predicted_ms"] for p in r["points"]} for m, r in by_model.items()}
     assert predicted["b"][1] > predicted["a"][1] + 1.9  # the slow profile's oneDNN convolution at 2 ms a call
     assert judged["own_profiles"] == 2 and judged["profile"] == "common"
-    assert "each network against the calibration made just before it." in zoo.markdown(
+    assert judged["pooled_runs"] == [1, 3]
+    assert ("each network against the calibration made just before it, as the device's cached profile pooled it "
+            "(each point the median of its latest 1-3 runs).") in zoo.markdown(
         judged, max_gflops=9.5, batch_sizes=[1, 8], clock="cpu")
     # a profile of another version, or none: the judgement says which network and what to do
     (tmp_path / "zoo-profiles" / "b.json").write_text('{"key": "old", "version": 0}')
