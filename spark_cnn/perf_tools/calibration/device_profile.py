@@ -141,14 +141,13 @@ def _pooled(run: DeviceProfile, path: str, pool: int) -> DeviceProfile:
     folder = runs_dir(path)
     _write(os.path.join(folder, f"{run.created.replace(':', '')}-{os.getpid()}.json"), run.to_json())
     runs = []
-    for name in sorted(os.listdir(folder)):
+    for name in sorted(n for n in os.listdir(folder) if n.endswith(".json")):  # not another process's .tmp
         file = os.path.join(folder, name)
         try:
             with open(file) as f:
                 runs.append((DeviceProfile.from_json(f.read()), file))
-        except (OSError, ConfigError):  # of another version, or half written by a process killed meanwhile
-            if name.endswith(".json"):
-                _remove(file)
+        except (OSError, ConfigError):  # of another version, or unreadable
+            _remove(file)
     runs.sort(key=lambda pair: pair[0].created, reverse=True)
     for _, file in runs[POOL_KEPT:]:
         _remove(file)

@@ -107,9 +107,11 @@ def test_an_unreadable_run_is_dropped_and_the_cache_still_pools(tmp_path, runs):
     _calibrate(tmp_path, runs, 1.0)
     folder = device_profile.runs_dir(cache_file(str(tmp_path), KEY))
     with open(os.path.join(folder, "2026-12-07T100000+0000-1.json"), "w") as f:
-        f.write('{"version": 0}')  # another version's, or half written
+        f.write('{"version": 0}')  # another version's, or unreadable
+    with open(os.path.join(folder, "2026-12-07T100500+0000-2.json.2.tmp"), "w") as f:
+        f.write('{"half": ')  # another process writing its run: neither read nor removed
     assert _scale(_calibrate(tmp_path, runs, 3.0)) == pytest.approx(2.0, rel=1e-3)
-    assert len(os.listdir(folder)) == 2
+    assert sorted(name.endswith(".tmp") for name in os.listdir(folder)) == [False, False, True]
 
 
 def test_a_pool_below_one_stops_with_one_line(tmp_path, runs):
