@@ -158,7 +158,8 @@ def _pooled(run: DeviceProfile, path: str, pool: int) -> DeviceProfile:
 def _forget_runs(path: str) -> None:
     folder = runs_dir(path)
     for name in os.listdir(folder) if os.path.isdir(folder) else ():
-        _remove(os.path.join(folder, name))
+        if name.endswith(".json"):  # another process's .tmp is its own to rename
+            _remove(os.path.join(folder, name))
 
 
 def _write(path: str, text: str) -> None:

@@ -90,10 +90,13 @@ def test_a_stale_profile_forgets_its_runs(tmp_path, runs):
     _calibrate(tmp_path, runs, 2.0)
     _calibrate(tmp_path, runs, 2.0)
     assert mark_stale(cache_file(str(tmp_path), KEY), "batches ran 40% faster than predicted")
+    folder = device_profile.runs_dir(cache_file(str(tmp_path), KEY))
+    with open(os.path.join(folder, "2026-12-07T100500+0000-2.json.2.tmp"), "w") as f:
+        f.write('{"half": ')  # another process writing its run: left to it
     runs.queue.append((1.0, "h", ()))
     fresh = device_profile.calibrate("cpu", threads=1, cache_dir=str(tmp_path))  # no refresh: the mark measures
     assert _scale(fresh) == pytest.approx(1.0, rel=1e-3) and not any("pooled" in note for note in fresh.notes)
-    assert len(os.listdir(device_profile.runs_dir(cache_file(str(tmp_path), KEY)))) == 1
+    assert sorted(name.endswith(".tmp") for name in os.listdir(folder)) == [False, True]
 
 
 def test_runs_of_another_host_or_clock_are_never_pooled(tmp_path, runs):
