@@ -11,7 +11,8 @@ batch: normalise the uint8 pixels, run the model, softmax and top-k. Each layer 
 - **work**: for convolutions, batch x per-image time, where the per-image time is the padded FLOPs times a
   measured cost per FLOP interpolated (inverse-distance, in log space) among the calibrated convolutions of
   the same class (regular k x k, pointwise on oneDNN, pointwise as a GEMM, depthwise, grouped) over input
-  channels per group, output channels, output size, kernel, stride and batch. oneDNN vectorises channels in
+  channels per group, output channels, output size, kernel, stride and batch (depthwise ones, which move few
+  FLOPs per byte, over kernel, stride and the bytes of activations the batch moves). oneDNN vectorises channels in
   blocks of 16 on AVX-512, so 24 channels cost as 32: FLOPs are counted on channels padded to 16 (a grouped
   convolution's input channels per group in whole blocks, however few: 4 per group cost as 16). The
   backend follows torch's own rule (`calibration.conv_backend`): on one thread a 1x1 convolution below batch
@@ -80,6 +81,13 @@ SOFTENING = 0.05
 # changes per-image time little once the fixed cost is taken out (0.5 checked by leave-one-out over the
 # calibrated grid, never a network: docs/perf-model.md, "Calibration").
 CONV_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0, 1.5, 1.5, 0.5])
+# Depthwise convolutions move a few FLOPs per byte, so their cost per FLOP follows how many bytes of activations
+# a batch moves (in and out) far more than its channels or size alone: 13-22 ps per FLOP under 1 MB, 45-55 from
+# 17 MB on the development guest (k3, stride 1). They interpolate over kernel, stride and those bytes instead
+# (`_ConvShape.features`); over the six features above, 273 channels of 44 px at batch 8 (34 MB) read k5
+# points within the cache and were priced at 0.4-0.5 of their time (docs/perf-model.md, "Depthwise
+# convolutions by the bytes they move").
+DEPTHWISE_FEATURE_WEIGHTS = np.array([1.5, 1.5, 1.0])
 GEMM_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0])
 # Nominal rates that normalise linear layers before interpolation (a roofline's two roofs; calibrated points
 # correct them): 100 GFLOP/s and 20 GB/s, in FLOPs and bytes per microsecond.
@@ -294,9 +302,17 @@ class _ConvShape:
             # 64 -> 80 (docs/perf-model.md, "Input channels off the block")
             cin_block = _padded(cin_g, blocked, whole_blocks=True) if self.klass == "grouped" else cin_g
             self.flops = 2 * _padded(cout, blocked) * cin_block * out_hw[0] * out_hw[1] * kernel[0] * kernel[1]
-        self.features = np.array([_log2(cin_g), _log2(cout), _log2(math.sqrt(out_hw[0] * out_hw[1])),
-                                  _log2(math.sqrt(kernel[0] * kernel[1])), _log2(math.sqrt(stride[0] * stride[1])),
-                                  _log2(batch)])
+        # `generic_features` place every convolution in one space (a class without points of its own reads
+        # them all); `features`, with `feature_weights`, are what its own class interpolates over
+        self.generic_features = np.array([_log2(cin_g), _log2(cout), _log2(math.sqrt(out_hw[0] * out_hw[1])),
+                                          _log2(math.sqrt(kernel[0] * kernel[1])),
+                                          _log2(math.sqrt(stride[0] * stride[1])), _log2(batch)])
+        self.features, self.feature_weights = self.generic_features, CONV_FEATURE_WEIGHTS
+        if self.klass.startswith("depthwise"):
+            activation_bytes = batch * cout * (in_hw[0] * in_hw[1] + out_hw[0] * out_hw[1]) * FP32
+            self.features = np.array([_log2(math.sqrt(kernel[0] * kernel[1])),
+                                      _log2(math.sqrt(stride[0] * stride[1])), _log2(activation_bytes)])
+            self.feature_weights = DEPTHWISE_FEATURE_WEIGHTS
         self.weight_mib = cout * cin_g * kernel[0] * kernel[1] * FP32 / 2**20
 
 
@@ -325,15 +341,17 @@ class _Model:
         self.gemm_conv_call_us = _gemm_conv_call_us(profile)
         self.conv_classes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         by_class: dict[str, list[tuple[np.ndarray, float]]] = {}
+        everything: list[tuple[np.ndarray, float]] = []
         for p in profile.conv:
             shape = _ConvShape(p["cin"], p["cout"], (p["kernel"],) * 2, (p["stride"],) * 2, p["groups"],
                                (p["in_hw"],) * 2, (p["out_hw"],) * 2, p["batch"], p["backend"], p.get("nchw", False))
             fixed = self._conv_fixed_us(shape)
             per_image = max(p["us"] - fixed, 0.1 * p["us"]) / p["batch"]
-            by_class.setdefault(shape.klass, []).append((shape.features, math.log(per_image / shape.flops)))
+            cost = math.log(per_image / shape.flops)
+            by_class.setdefault(shape.klass, []).append((shape.features, cost))
+            everything.append((shape.generic_features, cost))
         for klass, pts in by_class.items():
             self.conv_classes[klass] = (np.stack([f for f, _ in pts]), np.array([y for _, y in pts]))
-        everything = [pt for pts in by_class.values() for pt in pts]
         if everything:
             self.conv_classes["*"] = (np.stack([f for f, _ in everything]), np.array([y for _, y in everything]))
         gemm = [(self._gemm_features(g["rows"], g["in_features"], g["out_features"]),
@@ -414,13 +432,16 @@ class _Model:
 
     def _conv_us(self, layer: LayerCost, batch: int, scale: float, fault_us: float) -> tuple[float, str]:
         shape = _conv_shape(layer, batch, self.profile)
-        points = (self.conv_classes.get(shape.klass) or self.conv_classes.get(_CLASS_FALLBACK.get(shape.klass, "*"))
-                  or self.conv_classes.get("*"))
+        # its own class, else its kin (the same features), else every point in the generic space
+        kin = next((k for k in (shape.klass, _CLASS_FALLBACK.get(shape.klass)) if k in self.conv_classes), None)
+        points = self.conv_classes.get(kin or "*")
         fixed = self._conv_fixed_us(shape)
         if points is None:
             work = batch * shape.flops / NOMINAL_FLOPS_PER_US
+        elif kin is None:
+            work = batch * shape.flops * math.exp(self._idw(points, shape.generic_features, CONV_FEATURE_WEIGHTS))
         else:
-            work = batch * shape.flops * math.exp(self._idw(points, shape.features, CONV_FEATURE_WEIGHTS))
+            work = batch * shape.flops * math.exp(self._idw(points, shape.features, shape.feature_weights))
         bias = self._gemm_bias_us(layer, shape, scale)
         terms = {"compute": work, "overhead": fixed, "memory": fault_us + bias}
         return fixed + work + fault_us + bias, max(terms, key=terms.get)

@@ -329,6 +329,39 @@ def test_a_depthwise_convolution_on_nchw_reads_its_own_points_by_hand():
     assert ms(shuffled, nchw_layer, synthetic_profile()) == pytest.approx(ms(plain, cl_layer, profile), rel=0.01)
 
 
+def test_a_depthwise_convolution_reads_points_that_move_as_many_bytes_by_hand():
+    # A memory-bound device: a depthwise call costs 1 ns a byte of activations (in and out) while its batch
+    # moves under 8 MB, 3 ns beyond. Per FLOP, k5 points then look cheaper than k3 ones at the same bytes, and
+    # small activations cheaper than large ones; the generated networks' 273 channels of 44 px at batch 8 (34 MB),
+    # read over channels and size, took its price from k5 and in-cache points at half its time.
+    def act_bytes(channels, in_hw, out_hw, batch):
+        return batch * channels * (in_hw * in_hw + out_hw * out_hw) * 4
+
+    def ns_per_byte(nbytes):
+        return 1.0 if nbytes < 8e6 else 3.0
+
+    points = []
+    depthwise_grid = [(cin, kernel, stride, in_hw) for cin, _, kernel, stride, groups, in_hw in CONV_GRID
+                      if groups == cin > 1]  # calibration's depthwise shapes, k3 and k5, strides 1 and 2
+    for channels, kernel, stride, in_hw in depthwise_grid:
+        out_hw = (in_hw + 2 * (kernel // 2) - kernel) // stride + 1
+        for batch in (1, 8, LARGE_CONV_BATCH):
+            nbytes = act_bytes(channels, in_hw, out_hw, batch)
+            points.append({"cin": channels, "cout": channels, "kernel": kernel, "stride": stride, "groups": channels,
+                           "in_hw": in_hw, "out_hw": out_hw, "batch": batch, "backend": "mkldnn", "faults": 0,
+                           "us": 20.0 + nbytes * ns_per_byte(nbytes) / 1e3})
+    plain = tuple(c for c in synthetic_conv() if c["groups"] != c["cin"] or c["groups"] == 1)
+    profile = synthetic_profile(conv=plain + tuple(points), conv_weight_us_per_mib=0.0)
+    for channels, in_hw, batch in ((272, 44, 8), (272, 14, 1)):
+        cost = analyse(nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)),
+                       (channels, in_hw, in_hw))
+        (layer,) = [layer for layer in cost.layers if layer.op == "conv2d"]
+        assert layer_kind(layer, batch, profile) == "conv:depthwise"
+        ms = {lay.name: t for lay, t, _ in predict_layers_ms(cost, profile, batch)}[layer.name]
+        nbytes = act_bytes(channels, in_hw, in_hw, batch)  # 34 MB, then 0.4 MB
+        assert ms == pytest.approx(0.020 + nbytes * ns_per_byte(nbytes) / 1e6, rel=0.05), (channels, in_hw, batch)
+
+
 def test_a_pointwise_convolution_on_nchw_on_onednn_reads_its_own_points_by_hand():
     # The NCHW points (calibration's POINTWISE_NCHW_GRID, at batch 16 and 64) of a device where oneDNN's 1x1
     # work on NCHW runs twice as slow as on channels-last. Below batch 16 torch runs it as a GEMM per image,
