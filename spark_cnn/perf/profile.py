@@ -36,8 +36,8 @@ DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "spark_cnn", "devices")
 # The revision of the convolution grid calibration times (perf_tools/calibration/conv_bench.py). Raised when the
 # grid gains shapes the time model reads (a profile records the revision it timed, and a cached one of an
 # earlier revision is measured again): 1 added STRIDED_GROUPED, LARGE_POINTWISE_GRID and
-# POINTWISE_NCHW_GRID.
-CONV_GRID_REVISION = 1
+# POINTWISE_NCHW_GRID; 2 LARGE_DEPTHWISE_GRID.
+CONV_GRID_REVISION = 2
 STALE_SUFFIX = ".stale"
 EXPORT_HINT = "export one on the device's host with `spark-cnn profile --device DEVICE --export FILE`"
 

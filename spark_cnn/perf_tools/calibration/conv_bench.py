@@ -17,8 +17,9 @@ from spark_cnn.perf_tools.calibration.harness import Bench, fresh
 
 __all__ = ["CONV_BATCHES", "CONV_GRID", "CONV_GRID_REVISION", "CUDA_CONV_BATCHES", "DEPTHWISE_NCHW_BATCHES",
            "DEPTHWISE_NCHW_GRID", "GROUPED_WIDTHS", "LARGE_CONV_BATCH", "LARGE_CONV_MAX_OUT_HW",
-           "LARGE_POINTWISE_BATCH", "LARGE_POINTWISE_GRID", "POINTWISE_NCHW_BATCHES", "POINTWISE_NCHW_GRID",
-           "POINTWISE_ONEDNN_BATCH", "STRIDED_GROUPED", "conv_backend", "time_convolutions"]
+           "LARGE_DEPTHWISE_BATCH", "LARGE_DEPTHWISE_GRID", "LARGE_POINTWISE_BATCH", "LARGE_POINTWISE_GRID",
+           "POINTWISE_NCHW_BATCHES", "POINTWISE_NCHW_GRID", "POINTWISE_ONEDNN_BATCH", "STRIDED_GROUPED", "conv_backend",
+           "time_convolutions"]
 
 # Timed at a small and a medium batch: per-image time changes with the batch (weights are reordered once per
 # call; large activations leave the cache), and the time model interpolates in between.
@@ -92,6 +93,13 @@ POINTWISE_NCHW_BATCHES = (POINTWISE_ONEDNN_BATCH, 64)
 LARGE_POINTWISE_BATCH = 64
 LARGE_POINTWISE_GRID = ((64, 256, 1, 1, 1, 56), (144, 24, 1, 1, 1, 56), (256, 64, 1, 1, 1, 56), (24, 144, 1, 1, 1, 56),
                         (116, 116, 1, 1, 1, 28), (240, 40, 1, 1, 1, 28), (128, 512, 1, 1, 1, 28), (58, 58, 1, 1, 1, 28))
+# Depthwise convolutions at batch 64, where a batch moves 70-150 MB of activations: the time model reads a
+# depthwise layer from points that move as many bytes (timemodel.DEPTHWISE_FEATURE_WEIGHTS), and the grid's k5
+# points stopped at 48 MB, so k5 layers of 61-84 MB a batch (gen08_dwse at batch 8; efficientnet's k5 at 28 px from
+# batch 32) read k3 points and were priced 29-46% slow (docs/perf-model-journal.md, "Depthwise convolutions by the
+# bytes they move"). Shapes of the grid, 10-20 ms a call on the development guest.
+LARGE_DEPTHWISE_BATCH = 64
+LARGE_DEPTHWISE_GRID = ((240, 240, 5, 1, 240, 28), (72, 72, 5, 2, 72, 56), (96, 96, 3, 1, 96, 56))
 # Weight reordering: 3x3 convolutions on one pixel (almost no arithmetic) with 0.15 to 9.4 MiB of weights.
 CONV_WEIGHT_PROBES = (64, 192, 512)
 
@@ -145,6 +153,7 @@ def time_convolutions(bench: Bench, threads: int) -> tuple[list[dict], float, fl
     large += [(shape, batch, True) for shape in DEPTHWISE_NCHW_GRID
               for batch in (CUDA_CONV_BATCHES if bench.cuda else DEPTHWISE_NCHW_BATCHES)]
     if not bench.cuda:  # on CUDA the runner converts every input to channels-last; its grid covers the batches
+        large += [(shape, LARGE_DEPTHWISE_BATCH, False) for shape in LARGE_DEPTHWISE_GRID]
         large += [(shape, LARGE_POINTWISE_BATCH, False) for shape in LARGE_POINTWISE_GRID]
         large += [(shape, batch, True) for shape in POINTWISE_NCHW_GRID for batch in POINTWISE_NCHW_BATCHES]
     for shape, batch, nchw in bench.points("conv_large", large):

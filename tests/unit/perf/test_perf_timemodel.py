@@ -35,6 +35,8 @@ from spark_cnn.perf_tools.calibration.conv_bench import (
     CONV_GRID,
     LARGE_CONV_BATCH,
     LARGE_CONV_MAX_OUT_HW,
+    LARGE_DEPTHWISE_BATCH,
+    LARGE_DEPTHWISE_GRID,
     LARGE_POINTWISE_GRID,
     POINTWISE_NCHW_BATCHES,
     POINTWISE_NCHW_GRID,
@@ -391,7 +393,12 @@ def test_a_pointwise_convolution_on_nchw_on_onednn_reads_its_own_points_by_hand(
 def test_the_grid_s_later_shapes_are_what_their_classes_need():
     # strided grouped at oneDNN's block of 16 channels per group; pointwise at the large batch at 28+ pixels
     assert all(stride == 2 and cin // groups == 16 for cin, _, _, stride, groups, _ in STRIDED_GROUPED)
-    assert all(shape in CONV_GRID for shape in STRIDED_GROUPED + LARGE_POINTWISE_GRID)
+    assert all(shape in CONV_GRID for shape in STRIDED_GROUPED + LARGE_POINTWISE_GRID + LARGE_DEPTHWISE_GRID)
+    # depthwise at the batch whose activations reach the 70-150 MB that networks' k3 and k5 layers move at 64
+    assert all(groups == cin for cin, _, _, _, groups, _ in LARGE_DEPTHWISE_GRID)
+    assert {kernel for _, _, kernel, *_ in LARGE_DEPTHWISE_GRID} == {3, 5}
+    assert all(70e6 <= LARGE_DEPTHWISE_BATCH * cin * (in_hw**2 + (in_hw // stride) ** 2) * 4 <= 160e6
+               for cin, _, _, stride, _, in_hw in LARGE_DEPTHWISE_GRID)
     for grid in (LARGE_POINTWISE_GRID, POINTWISE_NCHW_GRID):
         assert all(kernel == 1 and stride == 1 and groups == 1 for _, _, kernel, stride, groups, _ in grid)
     assert all(in_hw >= 28 for *_, in_hw in LARGE_POINTWISE_GRID)
