@@ -82,7 +82,7 @@ SOFTENING = 0.05
 # calibrated grid, never a network: docs/perf-model.md, "Calibration").
 CONV_FEATURE_WEIGHTS = np.array([1.0, 1.0, 1.0, 1.5, 1.5, 0.5])
 # Depthwise convolutions move a few FLOPs per byte, so their cost per FLOP follows how many bytes of activations
-# a batch moves (in and out) far more than its channels or size alone: 13-22 ps per FLOP under 1 MB, 45-55 from
+# a batch moves (in and out) far more than its channels or size alone: 13-22 ps per FLOP under 1 MB, 44-55 from
 # 17 MB on the development guest (k3, stride 1). They interpolate over kernel, stride and those bytes instead
 # (`_ConvShape.features`); over the six features above, 273 channels of 44 px at batch 8 (34 MB) read k5
 # points within the cache and were priced at 0.4-0.5 of their time (docs/perf-model.md, "Depthwise

@@ -95,9 +95,10 @@ LARGE_POINTWISE_GRID = ((64, 256, 1, 1, 1, 56), (144, 24, 1, 1, 1, 56), (256, 64
                         (116, 116, 1, 1, 1, 28), (240, 40, 1, 1, 1, 28), (128, 512, 1, 1, 1, 28), (58, 58, 1, 1, 1, 28))
 # Depthwise convolutions at batch 64, where a batch moves 70-150 MB of activations: the time model reads a
 # depthwise layer from points that move as many bytes (timemodel.DEPTHWISE_FEATURE_WEIGHTS), and the grid's k5
-# points stopped at 48 MB, so k5 layers of 61-84 MB a batch (gen08_dwse at batch 8; efficientnet's k5 at 28 px from
-# batch 32) read k3 points and were priced 29-46% slow (docs/perf-model-journal.md, "Depthwise convolutions by the
-# bytes they move"). Shapes of the grid, 10-20 ms a call on the development guest.
+# points stopped at 48 MB (36 MB strided), so k5 layers beyond (gen08_dwse's 61-84 MB at batch 8, priced 29-46%
+# slow; efficientnet_b0's k5 at 28 px moves 96 MB at batch 64, its strided one at 56 px 72 MB from batch 32) read k3
+# points (docs/perf-model-journal.md, "Depthwise convolutions by the bytes they move"). Shapes of the grid, 14-20
+# ms a call on the development guest.
 LARGE_DEPTHWISE_BATCH = 64
 LARGE_DEPTHWISE_GRID = ((240, 240, 5, 1, 240, 28), (72, 72, 5, 2, 72, 56), (96, 96, 3, 1, 96, 56))
 # Weight reordering: 3x3 convolutions on one pixel (almost no arithmetic) with 0.15 to 9.4 MiB of weights.
